@@ -1,0 +1,767 @@
+// The ATen kernels of device `tpu`: one generic boxed kernel for every lowered
+// op, the storage/view kernels, copies, and the CPU fallback.
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "aten/tpu.h"
+
+namespace tt::aten {
+namespace {
+
+using engine::Engine;
+using engine::View;
+
+// Turns engine/runtime/builder failures into PyTorch errors (RuntimeError in Python).
+template <typename F>
+auto guarded(const char* what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error&) {
+    throw;
+  } catch (const rt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  } catch (const hlo::BuildError& e) {
+    TORCH_CHECK(false, "torch_tpu could not lower ", what, ": ", e.what());
+  }
+}
+
+// ---------------------------------------------------------------- op metadata
+struct OpInfo {
+  std::string name;                 // "aten::add_.Tensor"
+  const lower::Rule* rule = nullptr;
+  std::vector<int> rule_args;       // schema argument indices the rule sees
+  std::vector<int> ret_alias;       // per return: aliased (written) argument, or -1
+  bool factory = false;             // no tensor inputs among rule_args
+};
+
+std::mutex g_info_mu;
+std::unordered_map<const c10::FunctionSchema*, OpInfo> g_infos;
+std::unordered_map<std::string, std::string> g_rule_for;  // op name -> rule name
+std::vector<std::string> g_lowered;
+
+std::string op_name(const c10::OperatorName& n) {
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
+bool is_out_arg(const c10::Argument& a) {
+  return a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite();
+}
+
+const OpInfo& info_for(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema* key = &op.schema();
+  std::lock_guard<std::mutex> lock(g_info_mu);
+  auto it = g_infos.find(key);
+  if (it != g_infos.end()) return it->second;
+  OpInfo info;
+  const auto& s = op.schema();
+  info.name = op_name(s.operator_name());
+  auto r = g_rule_for.find(info.name);
+  info.rule = r == g_rule_for.end() ? nullptr : lower::find_rule(r->second);
+  const auto& args = s.arguments();
+  bool any_tensor = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_out_arg(args[i])) continue;
+    info.rule_args.push_back(static_cast<int>(i));
+    auto k = args[i].type()->kind();
+    if (k == c10::TypeKind::TensorType || k == c10::TypeKind::ListType ||
+        (k == c10::TypeKind::OptionalType &&
+         args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType))
+      any_tensor = true;
+  }
+  info.factory = !any_tensor;
+  for (const auto& ret : s.returns()) {
+    int alias = -1;
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      for (size_t i = 0; i < args.size(); ++i)
+        if (args[i].alias_info() && args[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
+          alias = static_cast<int>(i);
+    }
+    info.ret_alias.push_back(alias);
+  }
+  return g_infos.emplace(key, std::move(info)).first->second;
+}
+
+// ---------------------------------------------------------------- meta
+struct MetaOut {
+  bool defined = false;
+  std::vector<int64_t> sizes, strides;
+  c10::ScalarType dtype = c10::kFloat;
+};
+struct MetaResult {
+  std::vector<MetaOut> rets;
+};
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kTpu) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+c10::IValue meta_ivalue(const c10::IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(to_meta(t));
+    return l;
+  }
+  if (v.isList()) {
+    auto in = v.toList();
+    if (in.size() > 0 && (in.get(0).isTensor() || in.get(0).isNone())) {
+      bool opt = false;
+      for (size_t i = 0; i < in.size(); ++i) opt |= in.get(i).isNone();
+      c10::List<std::optional<at::Tensor>> l;
+      for (size_t i = 0; i < in.size(); ++i)
+        l.push_back(in.get(i).isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(to_meta(in.get(i).toTensor())));
+      (void)opt;
+      return l;
+    }
+    return v;
+  }
+  if (v.isDevice() && v.toDevice().type() == kTpu) return c10::Device(c10::kMeta);
+  if (v.isGenerator()) return c10::IValue();
+  return v;
+}
+
+void sig_append(std::string& k, const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
+void sig_tensor(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) { k += 'u'; return; }
+  k += 't';
+  k += static_cast<char>(t.scalar_type());
+  k += static_cast<char>(t.device().type());
+  k += t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'n';
+  int64_t d = t.dim();
+  sig_append(k, &d, sizeof d);
+  sig_append(k, t.sizes().data(), d * sizeof(int64_t));
+  sig_append(k, t.strides().data(), d * sizeof(int64_t));
+}
+
+// Signature of the arguments for the meta cache: tensors by metadata, numbers
+// by type (by value too for factories, whose output shape may depend on them).
+std::string signature(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
+  std::string k;
+  sig_append(k, &op.schema(), sizeof(void*));
+  for (const auto& v : args) {
+    if (v.isTensor()) sig_tensor(k, v.toTensor());
+    else if (v.isTensorList()) { k += 'L'; for (const at::Tensor& t : v.toTensorList()) sig_tensor(k, t); }
+    else if (v.isList()) {
+      auto l = v.toList();
+      k += 'l';
+      for (size_t i = 0; i < l.size(); ++i) {
+        auto e = l.get(i);
+        if (e.isTensor()) sig_tensor(k, e.toTensor());
+        else if (e.isNone()) k += 'n';
+        else if (e.isInt()) { int64_t x = e.toInt(); sig_append(k, &x, sizeof x); }
+        else if (e.isSymInt()) { int64_t x = e.toSymInt().expect_int(); sig_append(k, &x, sizeof x); }
+        else if (e.isBool()) k += e.toBool() ? 'T' : 'F';
+        else if (e.isDouble()) { double x = e.toDouble(); sig_append(k, &x, sizeof x); }
+      }
+      k += ']';
+    } else if (v.isNone()) k += 'N';
+    else if (v.isBool()) k += v.toBool() ? 'T' : 'F';
+    else if (v.isInt()) {
+      if (factory) { int64_t x = v.toInt(); sig_append(k, &x, sizeof x); }
+      k += 'i';
+    } else if (v.isSymInt()) { int64_t x = v.toSymInt().expect_int(); sig_append(k, &x, sizeof x); k += 'I'; }
+    else if (v.isDouble()) {
+      if (factory) { double x = v.toDouble(); sig_append(k, &x, sizeof x); }
+      k += 'd';
+    } else if (v.isString()) { k += 's'; k += v.toStringRef(); k += '\0'; }
+    else if (v.isDevice()) { k += 'D'; k += static_cast<char>(v.toDevice().type()); }
+    else if (v.isComplexDouble()) k += 'c';
+    else k += '?';
+  }
+  return k;
+}
+
+// Int args that are dims must stay exact in the key even for non-factories.
+std::string signature_exact(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
+  std::string k = signature(op, args, factory);
+  for (const auto& v : args)
+    if (v.isInt()) { int64_t x = v.toInt(); sig_append(k, &x, sizeof x); }
+  return k;
+}
+
+std::mutex g_meta_mu;
+std::unordered_map<std::string, MetaResult> g_meta_cache;
+
+MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
+  std::string key = signature_exact(op, args, factory);
+  {
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    auto it = g_meta_cache.find(key);
+    if (it != g_meta_cache.end()) return it->second;
+  }
+  torch::jit::Stack ms;
+  ms.reserve(args.size());
+  for (const auto& v : args) ms.push_back(meta_ivalue(v));
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  MetaResult r;
+  for (const auto& v : ms) {
+    MetaOut o;
+    if (v.isTensor() && v.toTensor().defined()) {
+      const at::Tensor& t = v.toTensor();
+      o.defined = true;
+      o.sizes = t.sizes().vec();
+      o.strides = t.strides().vec();
+      o.dtype = t.scalar_type();
+    }
+    r.rets.push_back(o);
+  }
+  std::lock_guard<std::mutex> lock(g_meta_mu);
+  if (g_meta_cache.size() > 65536) g_meta_cache.clear();
+  g_meta_cache[key] = r;
+  return r;
+}
+
+bool non_overlapping_dense(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<size_t> order(sizes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return strides[a] < strides[b]; });
+  int64_t expect = 1;
+  for (size_t i : order) {
+    if (sizes[i] == 1) continue;
+    if (strides[i] != expect) return false;
+    expect *= sizes[i];
+  }
+  return true;
+}
+
+at::Tensor new_tpu_tensor(const MetaOut& m, int device) {
+  c10::DeviceGuard g(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+  at::TensorBase t;
+  if (non_overlapping_dense(m.sizes, m.strides))
+    t = at::detail::empty_strided_generic(m.sizes, m.strides, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype);
+  else
+    t = at::detail::empty_generic(m.sizes, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), m.dtype, std::nullopt);
+  auto st = storage_of(t);
+  st->dtype = to_hlo(m.dtype);
+  st->typed = true;
+  return at::Tensor(t);
+}
+
+// ---------------------------------------------------------------- rule env
+class OpEnv final : public lower::Env {
+ public:
+  OpEnv(engine::Graph& g, int device) : g_(g), device_(device) {}
+  hlo::Value scalar_param(double v, bool is_int, hlo::DType t) override { return g_.scalar_param(v, is_int, t); }
+  std::pair<hlo::Value, hlo::Value> rng(int64_t n) override {
+    auto [seed, offset] = generator_take(device_, static_cast<uint64_t>(n));
+    uint32_t key = static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x5bd1e995u);
+    return {g_.scalar_param(key, true, hlo::DType::U32),
+            g_.scalar_param(static_cast<double>(static_cast<uint32_t>(offset)), true, hlo::DType::U32)};
+  }
+  lower::Precision precision() const override { return Engine::get().precision(); }
+
+ private:
+  engine::Graph& g_;
+  int device_;
+};
+
+[[noreturn]] void device_mismatch(const c10::Device& a, const c10::Device& b) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a, " and ",
+              b, "!");
+}
+
+bool cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
+
+// A CPU tensor passed where the op allows one (indices of index/index_put):
+// uploaded to a temporary tpu storage.
+at::Tensor upload(const at::Tensor& t, int device) {
+  return t.to(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+}
+
+void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason);
+
+// ---------------------------------------------------------------- the generic kernel
+void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  const OpInfo& info = info_for(op);
+  const auto& schema = op.schema();
+  size_t nargs = schema.arguments().size();
+  auto args_begin = stack->end() - static_cast<std::ptrdiff_t>(nargs);
+  torch::jit::Stack args(args_begin, stack->end());
+
+  // device and argument checks
+  int device = -1;
+  c10::Device first_dev(c10::kCPU);
+  bool allow_cpu_tensors = info.name.rfind("aten::index", 0) == 0;
+  auto visit_tensor = [&](at::Tensor& t, bool replace_ok) {
+    if (!t.defined()) return;
+    if (t.device().type() == kTpu) {
+      if (device < 0) {
+        device = t.device().index();
+        first_dev = t.device();
+      } else if (t.device().index() != device) {
+        device_mismatch(first_dev, t.device());
+      }
+    } else if (!cpu_scalar(t) && !(allow_cpu_tensors && replace_ok)) {
+      device_mismatch(device >= 0 ? first_dev : c10::Device(kTpu, 0), t.device());
+    }
+  };
+  for (auto& v : args) {
+    if (v.isTensor()) {
+      at::Tensor t = v.toTensor();
+      visit_tensor(t, false);
+    } else if (v.isTensorList()) {
+      for (at::Tensor t : v.toTensorList()) visit_tensor(t, false);
+    } else if (v.isList()) {
+      auto l = v.toList();
+      for (size_t i = 0; i < l.size(); ++i)
+        if (l.get(i).isTensor()) {
+          at::Tensor t = l.get(i).toTensor();
+          visit_tensor(t, true);
+        }
+    } else if (v.isDevice() && v.toDevice().type() == kTpu && device < 0) {
+      device = v.toDevice().has_index() ? v.toDevice().index() : current_device();
+    }
+  }
+  if (device < 0) device = current_device();
+  if (allow_cpu_tensors) {  // upload CPU index tensors
+    for (auto& v : args)
+      if (v.isList()) {
+        auto l = v.toList();
+        bool changed = false;
+        c10::List<std::optional<at::Tensor>> nl;
+        for (size_t i = 0; i < l.size(); ++i) {
+          auto e = l.get(i);
+          if (e.isTensor() && e.toTensor().device().is_cpu() && !cpu_scalar(e.toTensor())) {
+            nl.push_back(upload(e.toTensor(), device));
+            changed = true;
+          } else if (e.isTensor() && cpu_scalar(e.toTensor())) {
+            nl.push_back(upload(e.toTensor(), device));
+            changed = true;
+          } else {
+            nl.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(e.toTensor()));
+          }
+        }
+        if (changed) v = nl;
+      }
+  }
+
+  MetaResult meta = run_meta(op, args, info.factory);
+
+  // out= arguments resized by the meta kernel are resized here too
+  for (size_t k = 0; k < info.ret_alias.size(); ++k) {
+    int a = info.ret_alias[k];
+    if (a < 0 || !meta.rets[k].defined) continue;
+    at::Tensor t = args[a].toTensor();
+    if (t.sizes().vec() != meta.rets[k].sizes) {
+      at::native::resize_output(t, meta.rets[k].sizes);
+    }
+  }
+
+  Engine& eng = Engine::get();
+  engine::Graph& g = eng.graph(device);
+  auto mark = g.mark();
+  std::vector<at::Tensor> outs(info.ret_alias.size());
+  try {
+    std::vector<lower::Arg> largs;
+    largs.reserve(info.rule_args.size());
+    auto tensor_value = [&](const at::Tensor& t, lower::Arg& a) {
+      if (t.device().type() == kTpu) {
+        a.tensor = g.load(view_of(t));
+      } else {  // 0-dim CPU tensor: a runtime scalar
+        auto dt = to_hlo(t.scalar_type());
+        at::Scalar s = t.item();
+        double v = s.isComplex() ? s.toComplexDouble().real() : s.toDouble();
+        a.tensor = g.scalar_param(v, s.isIntegral(false), dt);
+        a.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
+      }
+    };
+    for (int ai : info.rule_args) {
+      const c10::IValue& v = args[ai];
+      lower::Arg a;
+      if (v.isNone()) {
+        a.kind = lower::Arg::None;
+      } else if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.defined()) {
+          a.kind = lower::Arg::None;
+        } else {
+          a.kind = lower::Arg::Tensor;
+          tensor_value(t, a);
+        }
+      } else if (v.isTensorList()) {
+        a.kind = lower::Arg::TensorList;
+        for (const at::Tensor& t : v.toTensorList()) {
+          lower::Arg e;
+          tensor_value(t, e);
+          a.tensors.push_back(e.tensor);
+        }
+      } else if (v.isList()) {
+        auto l = v.toList();
+        bool tensors = false;
+        for (size_t i = 0; i < l.size(); ++i) tensors |= l.get(i).isTensor() || l.get(i).isNone();
+        if (tensors) {
+          a.kind = lower::Arg::TensorList;
+          for (size_t i = 0; i < l.size(); ++i) {
+            lower::Arg e;
+            if (l.get(i).isTensor() && l.get(i).toTensor().defined()) tensor_value(l.get(i).toTensor(), e);
+            a.tensors.push_back(e.tensor);
+          }
+        } else {
+          a.kind = lower::Arg::IntList;
+          for (size_t i = 0; i < l.size(); ++i) {
+            auto e = l.get(i);
+            if (e.isInt()) a.ints.push_back(e.toInt());
+            else if (e.isSymInt()) a.ints.push_back(e.toSymInt().expect_int());
+            else if (e.isBool()) a.ints.push_back(e.toBool());
+            else if (e.isDouble()) a.ints.push_back(static_cast<int64_t>(e.toDouble()));
+          }
+        }
+      } else if (v.isBool()) {
+        a.kind = lower::Arg::Bool;
+        a.b = v.toBool();
+      } else if (v.isInt() || v.isSymInt()) {
+        auto t = schema.arguments()[ai].type();
+        bool is_scalar = t->kind() == c10::TypeKind::NumberType ||
+                         (t->kind() == c10::TypeKind::OptionalType &&
+                          t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::NumberType);
+        int64_t x = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
+        if (is_scalar) {
+          a.kind = lower::Arg::Scalar;
+          a.d = static_cast<double>(x);
+          a.scalar_is_int = true;
+        } else {
+          a.kind = lower::Arg::Int;
+          a.i = x;
+        }
+      } else if (v.isDouble()) {
+        a.kind = lower::Arg::Scalar;
+        a.d = v.toDouble();
+      } else if (v.isString()) {
+        a.kind = lower::Arg::Str;
+        a.s = v.toStringRef();
+      } else if (v.isComplexDouble()) {
+        throw lower::Unsupported("complex scalar argument");
+      } else if (v.isDevice() || v.isGenerator()) {
+        a.kind = lower::Arg::None;
+      } else {
+        a.kind = lower::Arg::None;
+      }
+      largs.push_back(std::move(a));
+    }
+    std::vector<hlo::Type> out_types;
+    for (auto& m : meta.rets)
+      out_types.push_back(m.defined ? hlo::Type{to_hlo(m.dtype), m.sizes} : hlo::Type{hlo::DType::F32, {}});
+    OpEnv env(g, device);
+    lower::Ctx ctx(g.b, env, std::move(largs), out_types);
+    std::vector<hlo::Value> res = guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
+    TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),
+                " values for ", meta.rets.size(), " outputs");
+    for (size_t k = 0; k < meta.rets.size(); ++k) {
+      if (!meta.rets[k].defined) continue;
+      int a = info.ret_alias[k];
+      outs[k] = a >= 0 ? args[a].toTensor() : new_tpu_tensor(meta.rets[k], device);
+      if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_of(outs[k]), res[k]); return 0; });
+    }
+  } catch (const lower::Unsupported& u) {
+    g.rollback(mark);
+    fallback_impl(op, stack, u.what());
+    return;
+  } catch (...) {
+    g.rollback(mark);
+    throw;
+  }
+  g.note_op(info.name);
+  guarded(info.name.c_str(), [&] { eng.op_done(device); return 0; });
+  torch::jit::drop(*stack, nargs);
+  for (auto& t : outs) stack->emplace_back(t);
+}
+
+// ---------------------------------------------------------------- fallback
+std::mutex g_fb_mu;
+std::map<std::string, int64_t> g_fb_counts;
+
+void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason) {
+  std::string name = op_name(op.schema().operator_name());
+  const char* env = std::getenv("TORCH_TPU_CPU_FALLBACK");
+  if (env && std::string(env) == "0") {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "The operator '", name,
+                                "' is not implemented natively for the tpu device and the CPU fallback is disabled "
+                                "(TORCH_TPU_CPU_FALLBACK=0)",
+                                reason ? std::string(" (") + reason + ")" : std::string());
+  }
+  bool first;
+  {
+    std::lock_guard<std::mutex> lock(g_fb_mu);
+    first = g_fb_counts[name]++ == 0;
+  }
+  if (first)
+    TORCH_WARN("torch_tpu: '", name, "' has no tpu lowering", reason ? std::string(" (") + reason + ")" : std::string(),
+               "; it runs on the CPU and its results are copied back (warned once per op; counted in "
+               "torch_tpu.metrics)");
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  at::native::cpu_fallback(op, stack);
+}
+
+void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { fallback_impl(op, stack, nullptr); }
+
+// ---------------------------------------------------------------- storage & views
+at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                     std::optional<c10::Device> device, std::optional<bool>,
+                     std::optional<c10::MemoryFormat> memory_format) {
+  int d = device && device->has_index() ? device->index() : current_device();
+  c10::DeviceGuard g(c10::Device(kTpu, static_cast<c10::DeviceIndex>(d)));
+  auto st = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  at::Tensor t(at::detail::empty_generic(size, allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st,
+                                         memory_format));
+  auto s = storage_of(t);
+  s->dtype = to_hlo(st);
+  s->typed = true;
+  return t;
+}
+
+at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                             std::optional<c10::Layout>, std::optional<c10::Device> device, std::optional<bool>) {
+  int d = device && device->has_index() ? device->index() : current_device();
+  c10::DeviceGuard g(c10::Device(kTpu, static_cast<c10::DeviceIndex>(d)));
+  auto st = dtype.value_or(c10::get_default_dtype_as_scalartype());
+  at::Tensor t(at::detail::empty_strided_generic(size, stride, allocator(),
+                                                 c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), st));
+  auto s = storage_of(t);
+  s->dtype = to_hlo(st);
+  s->typed = true;
+  return t;
+}
+
+at::Tensor tpu_as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                          std::optional<int64_t> offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, offset);
+}
+
+at::Tensor tpu_view(const at::Tensor& self, c10::IntArrayRef size) { return at::native::view(self, size); }
+
+at::Tensor tpu_reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+at::Tensor tpu_unfold(const at::Tensor& self, int64_t dim, int64_t size, int64_t step) {
+  return at::native::unfold(self, dim, size, step);
+}
+
+const at::Tensor& tpu_resize_(const at::Tensor& self, c10::IntArrayRef size,
+                              std::optional<c10::MemoryFormat> memory_format) {
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto* impl = self.unsafeGetTensorImpl();
+  int64_t numel = c10::multiply_integers(size);
+  int64_t needed = (numel + self.storage_offset()) * static_cast<int64_t>(self.element_size());
+  if (numel == 0) needed = 0;
+  c10::Storage storage = self.storage();
+  if (needed > static_cast<int64_t>(storage.nbytes())) {
+    // new storage holding the old contents as its prefix
+    auto old = storage_of(self);
+    c10::DataPtr fresh = allocator()->allocate(needed);
+    auto* holder = static_cast<engine::StoragePtr*>(fresh.get_context());
+    auto& ns = *holder;
+    ns->dtype = old->typed ? old->dtype : to_hlo(self.scalar_type());
+    ns->typed = true;
+    if (old->typed && old->numel() > 0 && (old->buffer || true)) {
+      auto& g = Engine::get().graph(old->device);
+      int64_t n = old->numel();
+      engine::View src{old, 0, {n}, {1}, old->dtype};
+      engine::View dst{ns, 0, {n}, {1}, old->dtype};
+      g.store(dst, g.load(src));
+      g.note_op("resize_");
+      guarded("resize_", [&] { Engine::get().op_done(old->device); return 0; });
+    }
+    storage.set_data_ptr_noswap(std::move(fresh));
+    storage.set_nbytes(needed);
+  }
+  if (memory_format && *memory_format != c10::MemoryFormat::Contiguous && *memory_format != c10::MemoryFormat::Preserve) {
+    impl->empty_tensor_restride(*memory_format);
+    impl->set_sizes_contiguous(size);
+    impl->empty_tensor_restride(*memory_format);
+  } else {
+    impl->set_sizes_contiguous(size);
+  }
+  return self;
+}
+
+// ---------------------------------------------------------------- copies & host reads
+void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.numel() == 0) return;
+  bool dst_tpu = dst.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  Engine& eng = Engine::get();
+  if (dst_tpu && src_tpu && dst.device() == src.device()) {
+    auto& g = eng.graph(dst.device().index());
+    auto mark = g.mark();
+    try {
+      hlo::Value v = g.load(view_of(src));
+      auto dv = view_of(dst);
+      v = g.b.convert(v, dv.dtype);
+      if (v.shape() != dv.sizes) v = g.b.broadcast_to(v, dv.sizes);
+      g.store(dv, v);
+    } catch (...) {
+      g.rollback(mark);
+      throw;
+    }
+    g.note_op("aten::copy_");
+    eng.op_done(dst.device().index());
+    return;
+  }
+  if (dst_tpu) {  // host (or another tpu) -> tpu
+    at::Tensor host = src_tpu ? src.cpu() : src;
+    at::Tensor c = host.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+    eng.write(view_of(dst), c.data_ptr());
+    return;
+  }
+  // tpu -> host
+  at::Tensor tmp = at::empty(src.sizes(), src.options().device(c10::kCPU));
+  eng.read(view_of(src), tmp.data_ptr());
+  dst.copy_(tmp);
+}
+
+at::Tensor& tpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  (void)non_blocking;
+  TORCH_CHECK(self.defined() && src.defined(), "copy_: undefined tensor");
+  {
+    // shape/dtype validation as on CPU: src must broadcast to self
+    at::infer_size(self.sizes(), src.sizes());
+    TORCH_CHECK(self.dim() >= src.dim() || src.numel() == self.numel(),
+                "copy_: the source of shape ", src.sizes(), " cannot be broadcast to ", self.sizes());
+  }
+  guarded("copy_", [&] { copy_impl(self, src); return 0; });
+  return self;
+}
+
+at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  at::Tensor d = dst;
+  tpu_copy_(d, self, non_blocking);
+  return dst;
+}
+
+at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) at::native::resize_output(dst, self.sizes());
+  at::Tensor d = dst;
+  tpu_copy_(d, self, false);
+  return dst;
+}
+
+at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(), " elements cannot be converted to Scalar");
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    guarded("item", [&] { Engine::get().read(view_of(self), host.data_ptr()); return 0; });
+  }
+  return host.item();
+}
+
+// Scaled dot-product attention: always the math path (matmul + softmax), which
+// lowers natively and follows the matmul precision mode.
+int64_t tpu_fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+  return 0;  // sdp::SDPBackend::math
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- registration
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>()); }
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(tpu_empty));
+  m.impl("empty_strided", TORCH_FN(tpu_empty_strided));
+  m.impl("as_strided", TORCH_FN(tpu_as_strided));
+  m.impl("view", TORCH_FN(tpu_view));
+  m.impl("_reshape_alias", TORCH_FN(tpu_reshape_alias));
+  m.impl("unfold", TORCH_FN(tpu_unfold));
+  m.impl("resize_", TORCH_FN(tpu_resize_));
+  m.impl("copy_", TORCH_FN(tpu_copy_));
+  m.impl("_copy_from", TORCH_FN(tpu_copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
+  m.impl("_fused_sdp_choice", TORCH_FN(tpu_fused_sdp_choice));
+}
+
+int register_lowered_ops() {
+  static int count = -1;
+  if (count >= 0) return count;
+  lower::register_all();
+  static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& disp = c10::Dispatcher::singleton();
+  std::set<std::string> rules;
+  for (auto& n : lower::rule_names()) rules.insert(n);
+  // functional name + argument names, to find in-place and out= variants
+  std::map<std::string, std::vector<std::pair<std::string, std::vector<std::string>>>> by_base;
+  for (const auto& name : rules) {
+    auto dot = name.find('.', 6);
+    std::string base = name.substr(0, dot), overload = dot == std::string::npos ? "" : name.substr(dot + 1);
+    auto h = disp.findSchema({base, overload});
+    if (!h) continue;
+    std::vector<std::string> an;
+    for (auto& a : h->schema().arguments()) an.push_back(a.name());
+    by_base[base].push_back({name, an});
+  }
+  int n = 0;
+  auto reg = [&](const c10::OperatorHandle& h, const std::string& rule) {
+    const auto& s = h.schema();
+    std::string name = op_name(s.operator_name());
+    if (h.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) return;
+    if (h.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return;  // a dedicated kernel above
+    if (g_rule_for.count(name)) return;
+    g_rule_for[name] = rule;
+    lib.impl(name.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunction<&lowered_kernel>());
+    g_lowered.push_back(name);
+    ++n;
+  };
+  for (const auto& opn : disp.getAllOpNames()) {
+    if (opn.name.rfind("aten::", 0) != 0) continue;
+    auto h = disp.findOp(opn);
+    if (!h) continue;
+    std::string name = op_name(opn);
+    if (rules.count(name)) {
+      reg(*h, name);
+      continue;
+    }
+    const auto& s = h->schema();
+    std::string base = opn.name;
+    bool inplace = base.size() > 1 && base.back() == '_' && base[base.size() - 2] != '_';
+    if (inplace) base.pop_back();
+    auto it = by_base.find(base);
+    if (it == by_base.end()) continue;
+    std::vector<std::string> an;
+    bool has_out = false;
+    for (auto& a : s.arguments()) {
+      if (is_out_arg(a)) has_out = true;
+      else an.push_back(a.name());
+    }
+    if (!inplace && !has_out) continue;
+    for (auto& [fname, fargs] : it->second) {
+      bool match = fargs == an;
+      if (inplace) match = match && (fname.substr(base.size()) == name.substr(base.size() + 1));
+      if (match) {
+        reg(*h, fname);
+        break;
+      }
+    }
+  }
+  std::sort(g_lowered.begin(), g_lowered.end());
+  count = n;
+  return n;
+}
+
+std::vector<std::string> lowered_op_names() { return g_lowered; }
+
+std::map<std::string, int64_t> fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fb_mu);
+  return g_fb_counts;
+}
+
+void reset_fallback_counts() {
+  std::lock_guard<std::mutex> lock(g_fb_mu);
+  g_fb_counts.clear();
+}
+
+}  // namespace tt::aten

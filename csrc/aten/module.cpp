@@ -1,0 +1,387 @@
+// Device plumbing for `tpu` (allocator, device guard, hooks, generator) and the
+// Python module torch_tpu._C.
+#include <ATen/Context.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/CPUAllocator.h>
+#include <ATen/core/GeneratorForPrivateuseone.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+
+#include "aten/tpu.h"
+
+namespace py = pybind11;
+
+namespace tt::aten {
+
+hlo::DType to_hlo(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return hlo::DType::F32;
+    case c10::kDouble: return hlo::DType::F64;
+    case c10::kHalf: return hlo::DType::F16;
+    case c10::kBFloat16: return hlo::DType::BF16;
+    case c10::kLong: return hlo::DType::S64;
+    case c10::kInt: return hlo::DType::S32;
+    case c10::kShort: return hlo::DType::S16;
+    case c10::kChar: return hlo::DType::S8;
+    case c10::kByte: return hlo::DType::U8;
+    case c10::kBool: return hlo::DType::Pred;
+    case c10::kUInt32: return hlo::DType::U32;
+    case c10::kComplexFloat: return hlo::DType::C64;
+    default: TORCH_CHECK_TYPE(false, "torch_tpu does not support dtype ", t, " on the tpu device");
+  }
+}
+
+// ---------------------------------------------------------------- allocator
+namespace {
+std::atomic<int64_t> g_live{0}, g_peak{0};
+std::atomic<uint64_t> g_next_addr{uint64_t(1) << 40};
+thread_local int t_device = 0;
+std::atomic<int> g_device_count{0};
+
+struct Holder {
+  engine::StoragePtr st;
+};
+
+void delete_holder(void* ctx) {
+  auto* h = static_cast<engine::StoragePtr*>(ctx);
+  g_live -= (*h)->nbytes;
+  (*h)->alive = false;
+  {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    h->reset();
+  }
+  delete h;
+}
+
+class TpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    int dev = current_device();
+    auto* h = new engine::StoragePtr(std::make_shared<engine::Storage>(static_cast<int64_t>(nbytes), dev));
+    uint64_t span = (std::max<uint64_t>(nbytes, 1) + 255) & ~uint64_t(255);
+    void* addr = reinterpret_cast<void*>(g_next_addr.fetch_add(span));
+    int64_t live = g_live += static_cast<int64_t>(nbytes);
+    int64_t peak = g_peak.load();
+    while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {
+    }
+    return {addr, h, &delete_holder, c10::Device(kTpu, static_cast<c10::DeviceIndex>(dev))};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {
+    TORCH_CHECK(false, "tpu storages cannot be copied by address; use Tensor.copy_");
+  }
+};
+TpuAllocator g_allocator;
+}  // namespace
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+
+c10::Allocator* allocator() { return &g_allocator; }
+int64_t allocated_bytes() { return g_live.load(); }
+int64_t peak_allocated_bytes() { return g_peak.load(); }
+void reset_peak_allocated() { g_peak = g_live.load(); }
+
+engine::StoragePtr storage_of(const at::TensorBase& t) {
+  void* ctx = t.storage().data_ptr().get_context();
+  TORCH_CHECK(ctx && t.storage().data_ptr().get_deleter() == &delete_holder,
+              "torch_tpu: tensor storage was not allocated by the tpu allocator");
+  return *static_cast<engine::StoragePtr*>(ctx);
+}
+
+engine::View view_of(const at::TensorBase& t) {
+  engine::View v;
+  v.st = storage_of(t);
+  v.offset = t.storage_offset();
+  v.sizes = t.sizes().vec();
+  v.strides = t.strides().vec();
+  v.dtype = to_hlo(t.scalar_type());
+  if (!v.st->typed) {
+    v.st->dtype = v.dtype;
+    v.st->typed = true;
+  }
+  return v;
+}
+
+int current_device() { return t_device; }
+void set_current_device(int d) {
+  int n = device_count();
+  TORCH_CHECK(d >= 0 && (n == 0 || d < n), "tpu device index ", d, " is out of range (", n, " devices)");
+  t_device = d;
+}
+int device_count() { return g_device_count.load(); }
+
+// ---------------------------------------------------------------- device guard
+namespace {
+struct TpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kTpu; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    c10::Device old(kTpu, static_cast<c10::DeviceIndex>(t_device));
+    if (d.has_index()) set_current_device(d.index());
+    return old;
+  }
+  c10::Device getDevice() const override { return c10::Device(kTpu, static_cast<c10::DeviceIndex>(t_device)); }
+  void setDevice(c10::Device d) const override {
+    if (d.has_index()) set_current_device(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.has_index()) t_device = d.index();
+  }
+  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream getNewStream(c10::Device d, int) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  c10::DeviceIndex deviceCount() const noexcept override { return static_cast<c10::DeviceIndex>(g_device_count.load()); }
+  // One in-order queue per device: an event is a point in that queue; waiting
+  // on it drains the queue.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    if (rt::Client::initialized()) engine::Engine::get().synchronize();
+  }
+  void synchronizeEvent(void*) const override { synchronizeStream(c10::Stream(c10::Stream::DEFAULT, getDevice())); }
+  void synchronizeDevice(const c10::DeviceIndex) const override {
+    synchronizeStream(c10::Stream(c10::Stream::DEFAULT, getDevice()));
+  }
+};
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuardImpl);
+}  // namespace
+
+// ---------------------------------------------------------------- generator
+struct TpuGeneratorImpl : public c10::GeneratorImpl {
+  explicit TpuGeneratorImpl(c10::DeviceIndex d)
+      : c10::GeneratorImpl(c10::Device(kTpu, d), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+  void set_current_seed(uint64_t s) override {
+    seed_ = s;
+    offset_ = 0;
+  }
+  void set_offset(uint64_t o) override { offset_ = o; }
+  uint64_t get_offset() const override { return offset_; }
+  uint64_t current_seed() const override { return seed_; }
+  uint64_t seed() override {
+    uint64_t s = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+    set_current_seed(s);
+    return s;
+  }
+  void set_state(const c10::TensorImpl& st) override {
+    TORCH_CHECK(st.numel() == 16 && st.dtype() == caffe2::TypeMeta::Make<uint8_t>(),
+                "tpu RNG state must be a uint8 tensor of 16 bytes");
+    const uint8_t* p = static_cast<const uint8_t*>(st.data());
+    std::memcpy(&seed_, p, 8);
+    std::memcpy(&offset_, p + 8, 8);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(t.data_ptr(), &seed_, 8);
+    std::memcpy(static_cast<uint8_t*>(t.data_ptr()) + 8, &offset_, 8);
+    return t.getIntrusivePtr();
+  }
+  TpuGeneratorImpl* clone_impl() const override {
+    auto* g = new TpuGeneratorImpl(device().index());
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+  uint64_t seed_ = 67280421310721ull;
+  uint64_t offset_ = 0;
+};
+
+namespace {
+std::vector<at::Generator>& generators() {
+  static std::vector<at::Generator> g;
+  return g;
+}
+const at::Generator& gen_for(int d) {
+  auto& gs = generators();
+  if (gs.empty()) {
+    int n = std::max(1, device_count());
+    for (int i = 0; i < n; ++i) gs.push_back(at::make_generator<TpuGeneratorImpl>(static_cast<c10::DeviceIndex>(i)));
+  }
+  TORCH_CHECK(d >= 0 && d < static_cast<int>(gs.size()), "tpu device index ", d, " is out of range");
+  return gs[d];
+}
+}  // namespace
+
+at::Generator default_generator_handle(int d) { return gen_for(d); }
+
+std::pair<uint64_t, uint64_t> generator_take(int device, uint64_t n) {
+  at::Generator g = gen_for(device);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  auto* impl = static_cast<TpuGeneratorImpl*>(g.unsafeGetGeneratorImpl());
+  uint64_t off = impl->offset_;
+  impl->offset_ += n;
+  return {impl->seed_, off};
+}
+
+// ---------------------------------------------------------------- hooks
+namespace {
+struct TpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return device_count() > 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex d) const override {
+    return gen_for(d < 0 ? current_device() : d);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex d) const override {
+    return at::make_generator<TpuGeneratorImpl>(d < 0 ? static_cast<c10::DeviceIndex>(current_device()) : d);
+  }
+  at::Device getDeviceFromPtr(void*) const override {
+    return c10::Device(kTpu, static_cast<c10::DeviceIndex>(current_device()));
+  }
+  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
+  c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(current_device()); }
+  void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    TORCH_CHECK(newsize <= storage.nbytes(), "torch_tpu: growing a tpu storage in place is not supported");
+    storage.unsafeGetStorageImpl()->set_nbytes(newsize);
+  }
+};
+TpuHooks g_hooks;
+}  // namespace
+
+at::PrivateUse1HooksInterface* hooks() { return &g_hooks; }
+void set_device_count(int n) { g_device_count = n; }
+
+}  // namespace tt::aten
+
+// ---------------------------------------------------------------- Python module
+namespace {
+using namespace tt;
+
+template <typename F>
+auto py_guard(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const rt::Error& e) {
+    throw std::runtime_error(e.what());
+  }
+}
+
+py::dict metrics_dict() {
+  auto& m = engine::Engine::get().metrics;
+  py::dict d;
+  d["compiles"] = m.compiles.load();
+  d["cache_hits"] = m.cache_hits.load();
+  d["cache_misses"] = m.cache_misses.load();
+  d["executions"] = m.executions.load();
+  d["ops"] = m.ops.load();
+  d["flushes"] = m.flushes.load();
+  d["compile_seconds"] = m.compile_ns.load() / 1e9;
+  d["h2d_transfers"] = m.h2d_transfers.load();
+  d["h2d_bytes"] = m.h2d_bytes.load();
+  d["d2h_transfers"] = m.d2h_transfers.load();
+  d["d2h_bytes"] = m.d2h_bytes.load();
+  d["cpu_fallbacks"] = aten::fallback_counts();
+  d["cache_entries"] = engine::Engine::get().cache_size();
+  return d;
+}
+
+void reset_metrics() {
+  auto& m = engine::Engine::get().metrics;
+  for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns,
+                  &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
+    *c = 0;
+  aten::reset_fallback_counts();
+}
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_tpu C++ core";
+  // Loads the PJRT plugin, creates the client and registers the device hooks
+  // and every lowered op. Returns the number of devices.
+  m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {
+    return py_guard([&] {
+      std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+      auto& c = rt::Client::init(plugin, hint, cpu_devices);
+      aten::set_device_count(c.num_devices());
+      at::RegisterPrivateUse1HooksInterface(aten::hooks());
+      aten::register_lowered_ops();
+      return c.num_devices();
+    });
+  });
+  m.def("_is_initialized", [] { return rt::Client::initialized(); });
+  m.def("device_count", [] { return aten::device_count(); });
+  m.def("current_device", [] { return aten::current_device(); });
+  m.def("set_device", [](int d) { aten::set_current_device(d); });
+  m.def("platform_name", [] { return py_guard([] { return rt::Client::get().platform_name(); }); });
+  m.def("platform_version", [] { return py_guard([] { return rt::Client::get().platform_version(); }); });
+  m.def("device_kind", [] { return py_guard([] { return rt::Client::get().device_kind(); }); });
+  m.def("plugin_path", [] { return py_guard([] { return rt::Client::get().plugin_path(); }); });
+  m.def("pjrt_api_version", [] { return py_guard([] { return rt::Client::get().api_minor(); }); });
+  m.def("synchronize", [] {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py_guard([] { engine::Engine::get().synchronize(); return 0; });
+  });
+  m.def("_set_mode", [](int mode) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py_guard([&] { engine::Engine::get().set_mode(static_cast<engine::Mode>(mode)); return 0; });
+  });
+  m.def("_get_mode", [] { return static_cast<int>(engine::Engine::get().mode()); });
+  m.def("_set_precision", [](int p) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Engine::get().set_precision(static_cast<lower::Precision>(p));
+  });
+  m.def("_get_precision", [] { return static_cast<int>(engine::Engine::get().precision()); });
+  m.def("metrics", &metrics_dict);
+  m.def("reset_metrics", &reset_metrics);
+  m.def("lowered_ops", [] { return aten::lowered_op_names(); });
+  m.def("lowering_rules", [] { return lower::rule_names(); });
+  m.def("last_program", [] { return engine::Engine::get().last_program(); });
+  m.def("clear_compile_cache", [] {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Engine::get().clear_cache();
+  });
+  m.def("manual_seed", [](int d, uint64_t seed) {
+    at::Generator g = aten::default_generator_handle(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_current_seed(seed);
+  });
+  m.def("seed", [](int d) {
+    at::Generator g = aten::default_generator_handle(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.seed();
+  });
+  m.def("initial_seed", [](int d) { return aten::default_generator_handle(d).current_seed(); });
+  m.def("get_rng_state", [](int d) {
+    at::Generator g = aten::default_generator_handle(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    auto impl = g.get_state();
+    return py::bytes(static_cast<const char*>(impl.data_ptr()), impl.numel());
+  });
+  m.def("set_rng_state", [](int d, const std::string& state) {
+    at::Generator g = aten::default_generator_handle(d);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    auto t = at::empty({static_cast<int64_t>(state.size())}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(t.data_ptr(), state.data(), state.size());
+    g.set_state(t);
+  });
+  m.def("memory_allocated", [] { return aten::allocated_bytes(); });
+  m.def("max_memory_allocated", [] { return aten::peak_allocated_bytes(); });
+  m.def("reset_peak_memory_stats", [] { aten::reset_peak_allocated(); });
+  m.def("device_memory_stats", [](int d) {
+    py::dict out;
+    auto s = py_guard([&] { return rt::Client::get().memory_stats(d); });
+    if (s.available) {
+      out["bytes_in_use"] = s.bytes_in_use;
+      out["peak_bytes_in_use"] = s.peak_bytes_in_use;
+      out["num_allocs"] = s.num_allocs;
+      out["bytes_limit"] = s.bytes_limit;
+    }
+    return out;
+  });
+}

@@ -1,0 +1,47 @@
+// Shared declarations of the PyTorch integration layer (the only layer that
+// includes torch headers).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+
+#include <map>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace tt::aten {
+
+constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
+
+hlo::DType to_hlo(c10::ScalarType t);         // throws for unsupported dtypes
+engine::StoragePtr storage_of(const at::TensorBase& t);
+engine::View view_of(const at::TensorBase& t);
+
+c10::Allocator* allocator();
+int current_device();
+void set_current_device(int d);
+int device_count();  // 0 until the runtime is initialised
+void set_device_count(int n);
+
+// Device generator state (seed, offset), advanced by random ops.
+at::Generator default_generator_handle(int device);
+std::pair<uint64_t, uint64_t> generator_take(int device, uint64_t n);  // (seed, offset before), offset += n
+
+// Registers the generic lowered kernel for every rule in the lowering registry
+// (and their in-place / out= variants). Returns the number of ATen overloads.
+int register_lowered_ops();
+at::PrivateUse1HooksInterface* hooks();
+std::vector<std::string> lowered_op_names();
+std::map<std::string, int64_t> fallback_counts();
+void reset_fallback_counts();
+
+// Live bytes of tpu storages (what memory_allocated reports) and the peak.
+int64_t allocated_bytes();
+int64_t peak_allocated_bytes();
+void reset_peak_allocated();
+
+}  // namespace tt::aten

@@ -1,0 +1,453 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <numeric>
+
+namespace tt::engine {
+
+using hlo::Builder;
+using hlo::Type;
+
+std::recursive_mutex& engine_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+PJRT_Buffer_Type pjrt_type(DType t) {
+  switch (t) {
+    case DType::Pred: return PJRT_T_PRED;
+    case DType::S8: return PJRT_T_S8;
+    case DType::S16: return PJRT_T_S16;
+    case DType::S32: return PJRT_T_S32;
+    case DType::S64: return PJRT_T_S64;
+    case DType::U8: return PJRT_T_U8;
+    case DType::U32: return PJRT_T_U32;
+    case DType::F16: return PJRT_T_F16;
+    case DType::BF16: return PJRT_T_BF16;
+    case DType::F32: return PJRT_T_F32;
+    case DType::F64: return PJRT_T_F64;
+    case DType::C64: return PJRT_T_C64;
+  }
+  return PJRT_T_INVALID;
+}
+
+namespace {
+
+struct Dim {
+  int64_t pos, size, stride;
+};
+
+// Dims that address memory: size > 1 and stride != 0, ordered by stride
+// (largest first, ties keep order).
+std::vector<Dim> core_dims(const Shape& sizes, const Shape& strides) {
+  std::vector<Dim> d;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] > 1 && strides[i] != 0) d.push_back({static_cast<int64_t>(i), sizes[i], strides[i]});
+  std::stable_sort(d.begin(), d.end(), [](const Dim& a, const Dim& b) { return a.stride > b.stride; });
+  return d;
+}
+
+bool dense(const std::vector<Dim>& d) {
+  int64_t expect = 1;
+  for (auto it = d.rbegin(); it != d.rend(); ++it) {
+    if (it->stride != expect) return false;
+    expect *= it->size;
+  }
+  return true;
+}
+
+int64_t count(const std::vector<Dim>& d) {
+  int64_t n = 1;
+  for (auto& x : d) n *= x.size;
+  return n;
+}
+
+// Element positions (offset + sum i_k * stride_k) over the core dims, in core order.
+Value positions(Builder& b, const std::vector<Dim>& d, int64_t offset) {
+  Shape s;
+  for (auto& x : d) s.push_back(x.size);
+  Value acc = b.constant_int(offset, DType::S64, s);
+  for (size_t i = 0; i < d.size(); ++i)
+    acc = b.add(acc, b.mul(b.iota(DType::S64, s, static_cast<int64_t>(i)), b.constant_int(d[i].stride, DType::S64, s)));
+  return b.reshape(acc, {hlo::numel(s)});
+}
+
+// The core dims' values (in core order) -> the view's logical shape.
+Value to_logical(Builder& b, Value core, const std::vector<Dim>& d, const Shape& sizes) {
+  // core is laid out in stride order; permute to the original dim order
+  std::vector<int64_t> order(d.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return d[a].pos < d[c].pos; });
+  Value t = b.transpose(core, order);
+  std::vector<int64_t> bdims;
+  for (int64_t i : order) bdims.push_back(d[i].pos);
+  return b.broadcast_in_dim(t, sizes, bdims);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Graph
+Value Graph::flat(const StoragePtr& st, DType as) {
+  if (!st->typed) {
+    st->dtype = as;
+    st->typed = true;
+  }
+  auto it = index_.find(st.get());
+  Value v;
+  if (it != index_.end()) {
+    v = entries_[it->second].cur;
+  } else {
+    Entry e;
+    e.st = st;
+    Type t{st->dtype, {st->numel()}};
+    if (st->buffer) {
+      e.param = static_cast<int>(params_.size());
+      e.cur = b.param(t);
+      Param p;
+      p.entry = static_cast<int>(entries_.size());
+      params_.push_back(p);
+    } else {
+      e.cur = b.zeros(st->dtype, t.shape);
+    }
+    index_[st.get()] = static_cast<int>(entries_.size());
+    entries_.push_back(e);
+    v = e.cur;
+  }
+  if (v.dtype() != as) {
+    if (hlo::itemsize(v.dtype()) != hlo::itemsize(as))
+      throw rt::Error("reinterpreting a tpu storage of element size " + std::to_string(hlo::itemsize(v.dtype())) +
+                      " as size " + std::to_string(hlo::itemsize(as)) + " is not supported");
+    v = v.dtype() == DType::Pred || as == DType::Pred ? b.convert(v, as) : b.bitcast(v, as);
+  }
+  return v;
+}
+
+Value Graph::load(const View& v) {
+  int64_t n = hlo::numel(v.sizes);
+  if (n == 0) return b.zeros(v.dtype, v.sizes);
+  Value fl = flat(v.st, v.dtype);
+  int64_t N = fl.shape()[0];
+  auto d = core_dims(v.sizes, v.strides);
+  int64_t cn = count(d);
+  Shape sorted;
+  for (auto& x : d) sorted.push_back(x.size);
+  Value core;
+  if (dense(d)) {
+    Value region = (v.offset == 0 && cn == N) ? fl : b.slice(fl, {v.offset}, {v.offset + cn}, {1});
+    core = b.reshape(region, sorted);
+  } else {
+    bool padded = !d.empty();
+    for (size_t i = 0; padded && i + 1 < d.size(); ++i)
+      padded = d[i].stride % d[i + 1].stride == 0 && d[i].stride >= d[i + 1].stride * d[i + 1].size;
+    if (padded) {
+      // flat[off : off + size0 * stride0] as [size0, s0/s1, ..., s_{k-1}], then the leading corner
+      int64_t span = d[0].size * d[0].stride;
+      Value region = fl;
+      if (v.offset + span > N) region = b.pad(fl, b.zeros(fl.dtype(), {}), {0}, {v.offset + span - N}, {0});
+      region = b.slice(region, {v.offset}, {v.offset + span}, {1});
+      Shape p{d[0].size};
+      for (size_t i = 1; i < d.size(); ++i) p.push_back(d[i - 1].stride / d[i].stride);
+      p.push_back(d.back().stride);
+      Value r = b.reshape(region, p);
+      Shape lim{d[0].size};
+      for (size_t i = 1; i < d.size(); ++i) lim.push_back(d[i].size);
+      lim.push_back(1);
+      r = b.slice(r, Shape(p.size(), 0), lim, Shape(p.size(), 1));
+      core = b.reshape(r, sorted);
+    } else {
+      core = b.reshape(b.take(fl, positions(b, d, v.offset), 0), sorted);
+    }
+  }
+  return to_logical(b, core, d, v.sizes);
+}
+
+void Graph::store(const View& v, Value value) {
+  int64_t n = hlo::numel(v.sizes);
+  if (n == 0) return;
+  if (value.dtype() != v.dtype) value = b.convert(value, v.dtype);
+  if (value.shape() != v.sizes) {
+    if (hlo::numel(value.shape()) == n) value = b.reshape(value, v.sizes);
+    else value = b.broadcast_to(value, v.sizes);
+  }
+  Value fl = flat(v.st, v.dtype);
+  int64_t N = fl.shape()[0];
+  auto d = core_dims(v.sizes, v.strides);
+  bool has_bcast = false;
+  for (size_t i = 0; i < v.sizes.size(); ++i) has_bcast |= v.sizes[i] > 1 && v.strides[i] == 0;
+  // value in core order: drop size-1 dims, permute to stride order
+  std::vector<int64_t> perm;
+  Shape squeezed;
+  for (size_t i = 0; i < v.sizes.size(); ++i)
+    if (v.sizes[i] > 1) squeezed.push_back(v.sizes[i]);
+  Value sq = b.reshape(value, squeezed);
+  // positions of core dims inside `squeezed`
+  std::vector<int64_t> sq_pos(v.sizes.size(), -1);
+  int64_t k = 0;
+  for (size_t i = 0; i < v.sizes.size(); ++i)
+    if (v.sizes[i] > 1) sq_pos[i] = k++;
+  Value next;
+  if (!has_bcast) {
+    for (auto& x : d) perm.push_back(sq_pos[x.pos]);
+    Value ordered = b.reshape(b.transpose(sq, perm), {n});
+    if (dense(d)) {
+      if (v.offset == 0 && n == N) next = ordered;
+      else
+        next = b.dynamic_update_slice(fl, ordered, {b.constant_int(v.offset, DType::S64)});
+    } else {
+      next = b.scatter(fl, b.reshape(positions(b, d, v.offset), {n, 1}), ordered, {0}, "");
+    }
+  } else {
+    // an expanded destination (PyTorch rejects most such writes earlier): last write wins
+    std::vector<Dim> all;
+    for (size_t i = 0; i < v.sizes.size(); ++i)
+      if (v.sizes[i] > 1) all.push_back({static_cast<int64_t>(i), v.sizes[i], v.strides[i]});
+    Value pos = positions(b, all, v.offset);
+    next = b.scatter(fl, b.reshape(pos, {n, 1}), b.reshape(sq, {n}), {0}, "");
+  }
+  DType sdt = v.st->dtype;
+  if (next.dtype() != sdt)
+    next = next.dtype() == DType::Pred || sdt == DType::Pred ? b.convert(next, sdt) : b.bitcast(next, sdt);
+  Entry& e = entries_[index_.at(v.st.get())];
+  e.cur = next;
+  e.written = true;
+  ++stores_;
+}
+
+void Graph::rollback(const Mark& m) {
+  b.rollback(m.b);
+  for (size_t i = m.entries; i < entries_.size(); ++i) index_.erase(entries_[i].st.get());
+  entries_.resize(m.entries);
+  params_.resize(m.params);
+  stores_ = m.stores;
+}
+
+Value Graph::scalar_param(double v, bool is_int, DType t) {
+  Param p;
+  p.v = v;
+  p.is_int = is_int;
+  p.t = t;
+  params_.push_back(p);
+  return b.param(Type{t, {}});
+}
+
+// ---------------------------------------------------------------- Engine
+Engine& Engine::get() {
+  static Engine* e = new Engine();  // never destroyed: PJRT objects outlive static teardown
+  return *e;
+}
+
+Graph& Engine::graph(int device) {
+  auto& g = graphs_[device];
+  if (!g) g = std::make_unique<Graph>(device);
+  return *g;
+}
+
+void Engine::set_mode(Mode m) {
+  if (m != mode_) flush_all();
+  mode_ = m;
+}
+
+void Engine::op_done(int device) {
+  metrics.ops++;
+  if (mode_ == Mode::DeferAndFuse) return;
+  flush(device);
+  if (mode_ == Mode::Debug) rt::Client::get().wait_all();
+}
+
+void Engine::flush_all() {
+  std::vector<int> devs;
+  for (auto& kv : graphs_) devs.push_back(kv.first);
+  for (int d : devs) flush(d);
+}
+
+void Engine::synchronize() {
+  flush_all();
+  rt::Client::get().wait_all();
+}
+
+rt::ExecutablePtr Engine::compile(const std::string& text) {
+  auto it = cache_.find(text);
+  if (it != cache_.end()) {
+    metrics.cache_hits++;
+    return it->second;
+  }
+  metrics.cache_misses++;
+  auto t0 = std::chrono::steady_clock::now();
+  auto exe = rt::Client::get().compile(text);
+  metrics.compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  metrics.compiles++;
+  if (cache_.size() >= 8192) cache_.clear();
+  cache_[text] = exe;
+  return exe;
+}
+
+rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) {
+  std::string key(reinterpret_cast<const char*>(&v), sizeof v);
+  key += static_cast<char>(t);
+  key += static_cast<char>(is_int);
+  key += std::to_string(device);
+  auto it = scalars_.find(key);
+  if (it != scalars_.end()) return it->second;
+  unsigned char buf[8] = {0};
+  auto put = [&](auto x) { std::memcpy(buf, &x, sizeof x); };
+  switch (t) {
+    case DType::Pred: put(static_cast<uint8_t>(v != 0)); break;
+    case DType::S8: put(static_cast<int8_t>(v)); break;
+    case DType::U8: put(static_cast<uint8_t>(v)); break;
+    case DType::S16: put(static_cast<int16_t>(v)); break;
+    case DType::S32: put(static_cast<int32_t>(v)); break;
+    case DType::U32: put(static_cast<uint32_t>(static_cast<int64_t>(v))); break;
+    case DType::S64: put(static_cast<int64_t>(v)); break;
+    case DType::F32: put(static_cast<float>(v)); break;
+    case DType::F64: put(v); break;
+    case DType::F16: case DType::BF16: {
+      // convert through a tiny program-free path: use the builder's literal rules
+      float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      uint16_t h;
+      if (t == DType::BF16) {
+        h = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+      } else {
+        // via the standard half conversion of the compiler
+        _Float16 hf = static_cast<_Float16>(f);
+        std::memcpy(&h, &hf, 2);
+      }
+      put(h);
+      break;
+    }
+    case DType::C64: {
+      float c[2] = {static_cast<float>(v), 0.f};
+      std::memcpy(buf, c, 8);
+      break;
+    }
+  }
+  auto buffer = rt::Client::get().from_host(buf, pjrt_type(t), {}, device);
+  metrics.h2d_transfers++;
+  metrics.h2d_bytes += hlo::itemsize(t);
+  if (scalars_.size() > 4096) scalars_.clear();
+  scalars_[key] = buffer;
+  return buffer;
+}
+
+void Engine::flush(int device) {
+  auto it = graphs_.find(device);
+  if (it == graphs_.end() || !it->second) return;
+  std::unique_ptr<Graph> g = std::move(it->second);
+  graphs_.erase(it);
+  if (!g->has_stores()) return;
+  std::vector<int> out_entries;
+  std::vector<Value> results;
+  for (size_t i = 0; i < g->entries_.size(); ++i) {
+    auto& e = g->entries_[i];
+    if (e.written && e.st->alive.load()) {
+      out_entries.push_back(static_cast<int>(i));
+      results.push_back(e.cur);
+    }
+  }
+  if (results.empty()) return;
+  metrics.flushes++;
+  std::string text = g->b.module(results);
+  last_program_ = text;
+  rt::ExecutablePtr exe;
+  try {
+    exe = compile(text);
+  } catch (const rt::Error& err) {
+    std::string ops;
+    for (auto& o : g->ops) ops += (ops.empty() ? "" : ", ") + o;
+    throw rt::Error(std::string(err.what()) + "\n(while compiling the program for: " + ops + ")", err.code());
+  }
+  std::vector<rt::BufferPtr> keep;
+  std::vector<PJRT_Buffer*> args;
+  for (auto& p : g->params_) {
+    rt::BufferPtr buf = p.entry >= 0 ? g->entries_[p.entry].st->buffer : scalar_buffer(p.v, p.is_int, p.t, device);
+    keep.push_back(buf);
+    args.push_back(buf->get());
+  }
+  auto outs = exe->execute(device, args);
+  metrics.executions++;
+  for (size_t i = 0; i < out_entries.size(); ++i) g->entries_[out_entries[i]].st->buffer = outs[i];
+}
+
+void Engine::read(const View& v, void* dst) {
+  int64_t n = hlo::numel(v.sizes);
+  if (n == 0) return;
+  flush(v.st->device);
+  size_t nbytes = static_cast<size_t>(n * hlo::itemsize(v.dtype));
+  bool whole = v.st->typed && v.st->dtype == v.dtype && v.offset == 0 && n == v.st->numel();
+  if (whole) {
+    Shape contig(v.sizes.size());
+    int64_t s = 1;
+    for (size_t i = v.sizes.size(); i-- > 0;) {
+      contig[i] = s;
+      s *= v.sizes[i];
+    }
+    for (size_t i = 0; i < v.sizes.size(); ++i) whole &= v.sizes[i] == 1 || v.strides[i] == contig[i];
+  }
+  if (!v.st->buffer && whole) {
+    std::memset(dst, 0, nbytes);
+    return;
+  }
+  rt::BufferPtr buf;
+  if (whole) {
+    buf = v.st->buffer;
+  } else {
+    // materialise the view into a fresh dense storage first
+    auto tmp = std::make_shared<Storage>(n * hlo::itemsize(v.dtype), v.st->device);
+    Graph& g = graph(v.st->device);
+    Value x = g.load(v);
+    View out{tmp, 0, {n}, {1}, v.dtype};
+    g.store(out, g.b.reshape(x, {n}));
+    flush(v.st->device);
+    buf = tmp->buffer;
+  }
+  buf->to_host(dst, nbytes);
+  metrics.d2h_transfers++;
+  metrics.d2h_bytes += static_cast<int64_t>(nbytes);
+}
+
+void Engine::write(const View& v, const void* src) {
+  int64_t n = hlo::numel(v.sizes);
+  if (n == 0) return;
+  auto& client = rt::Client::get();
+  int64_t nbytes = n * hlo::itemsize(v.dtype);
+  metrics.h2d_transfers++;
+  metrics.h2d_bytes += nbytes;
+  bool whole = (!v.st->typed || v.st->dtype == v.dtype) && v.offset == 0 &&
+               n * hlo::itemsize(v.dtype) == v.st->nbytes;
+  if (whole) {
+    Shape contig(v.sizes.size());
+    int64_t s = 1;
+    for (size_t i = v.sizes.size(); i-- > 0;) {
+      contig[i] = s;
+      s *= v.sizes[i];
+    }
+    for (size_t i = 0; i < v.sizes.size(); ++i) whole &= v.sizes[i] == 1 || v.strides[i] == contig[i];
+  }
+  if (whole) {
+    flush(v.st->device);  // pending writes to this storage happen before the upload
+    v.st->dtype = v.dtype;
+    v.st->typed = true;
+    v.st->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
+    return;
+  }
+  auto tmp = std::make_shared<Storage>(nbytes, v.st->device);
+  tmp->dtype = v.dtype;
+  tmp->typed = true;
+  tmp->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
+  Graph& g = graph(v.st->device);
+  Shape contig(v.sizes.size());
+  int64_t s = 1;
+  for (size_t i = v.sizes.size(); i-- > 0;) {
+    contig[i] = s;
+    s *= v.sizes[i];
+  }
+  Value x = g.load(View{tmp, 0, v.sizes, contig, v.dtype});
+  g.store(v, x);
+  g.note_op("copy_ (host to tpu)");
+  op_done(v.st->device);
+}
+
+}  // namespace tt::engine

@@ -1,0 +1,144 @@
+// Engine: storages, the deferred graph, execution modes, flush, compile cache.
+//
+// A storage's value is a flat 1-D array of its element type. A tensor (view) is
+// (storage, offset, sizes, strides); reading it is a load from the storage's
+// current value, writing it is a store that produces the storage's next value.
+// Every op adds to the current graph; the mode decides when it is flushed
+// (Strict/Debug: after every op). Flushing compiles (or finds) one program
+// whose outputs are the storages written and still alive, runs it, and binds
+// the results.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "hlo/builder.h"
+#include "lowering/lowering.h"
+#include "runtime/runtime.h"
+
+namespace tt::engine {
+
+using hlo::DType;
+using hlo::Shape;
+using hlo::Value;
+
+struct Storage {
+  Storage(int64_t nbytes, int device) : nbytes(nbytes), device(device) {}
+  int64_t nbytes;
+  int device;
+  DType dtype = DType::U8;
+  bool typed = false;
+  rt::BufferPtr buffer;  // the materialised value; null = never written (reads as zeros)
+  std::atomic<bool> alive{true};
+  int64_t numel() const { return typed ? nbytes / hlo::itemsize(dtype) : 0; }
+};
+using StoragePtr = std::shared_ptr<Storage>;
+
+struct View {
+  StoragePtr st;
+  int64_t offset = 0;  // in elements of dtype
+  Shape sizes, strides;
+  DType dtype = DType::F32;
+};
+
+enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
+
+struct Metrics {
+  std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, executions{0}, ops{0};
+  std::atomic<int64_t> h2d_transfers{0}, h2d_bytes{0}, d2h_transfers{0}, d2h_bytes{0};
+  std::atomic<int64_t> flushes{0}, compile_ns{0};
+};
+
+// One deferred program on one device.
+class Graph {
+ public:
+  explicit Graph(int device) : device(device) {}
+  Value load(const View& v);
+  void store(const View& v, Value value);
+  Value scalar_param(double v, bool is_int, DType t);
+  bool has_stores() const { return stores_ > 0; }
+  struct Mark {
+    hlo::Builder::Mark b;
+    size_t entries = 0, params = 0;
+    int stores = 0;
+  };
+  Mark mark() const { return Mark{b.mark(), entries_.size(), params_.size(), stores_}; }
+  void rollback(const Mark& m);
+  void note_op(const std::string& name) { ops.push_back(name); }
+
+  hlo::Builder b;
+  int device;
+  std::vector<std::string> ops;
+
+ private:
+  friend class Engine;
+  struct Entry {
+    StoragePtr st;
+    Value cur;
+    int param = -1;  // program parameter index of the storage's incoming buffer
+    bool written = false;
+  };
+  struct Param {
+    int entry = -1;  // storage parameter, or a scalar:
+    double v = 0;
+    bool is_int = false;
+    DType t = DType::F32;
+  };
+  Value flat(const StoragePtr& st, DType as);
+  std::vector<Entry> entries_;
+  std::unordered_map<Storage*, int> index_;
+  std::vector<Param> params_;
+  int stores_ = 0;
+};
+
+class Engine {
+ public:
+  static Engine& get();
+
+  Graph& graph(int device);
+  // Called after each op: flushes in Strict and Debug modes (Debug also waits).
+  void op_done(int device);
+  void flush(int device);
+  void flush_all();
+  void synchronize();  // flush everything and wait for all runs
+
+  // Host transfers of a view's elements, as a dense row-major block.
+  void read(const View& v, void* dst);
+  void write(const View& v, const void* src);
+
+  Mode mode() const { return mode_; }
+  void set_mode(Mode m);
+  lower::Precision precision() const { return precision_; }
+  void set_precision(lower::Precision p) { precision_ = p; }
+
+  Metrics metrics;
+  size_t cache_size() const { return cache_.size(); }
+  void clear_cache() { cache_.clear(); }
+  // The StableHLO text of the last flushed program (debugging aid).
+  const std::string& last_program() const { return last_program_; }
+
+ private:
+  Engine() = default;
+  rt::ExecutablePtr compile(const std::string& text);
+  rt::BufferPtr scalar_buffer(double v, bool is_int, DType t, int device);
+  std::map<int, std::unique_ptr<Graph>> graphs_;
+  std::unordered_map<std::string, rt::ExecutablePtr> cache_;
+  std::unordered_map<std::string, rt::BufferPtr> scalars_;
+  Mode mode_ = Mode::Strict;
+  lower::Precision precision_ = lower::Precision::DEFAULT;
+  std::string last_program_;
+};
+
+PJRT_Buffer_Type pjrt_type(DType t);
+
+// The engine's lock: every op, transfer and flush holds it (autograd runs
+// backward ops on its own thread).
+std::recursive_mutex& engine_mutex();
+
+}  // namespace tt::engine

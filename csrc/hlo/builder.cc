@@ -1,0 +1,598 @@
+#include "hlo/builder.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+namespace tt::hlo {
+
+const char* mlir_name(DType t) {
+  switch (t) {
+    case DType::Pred: return "i1";
+    case DType::S8: return "i8";
+    case DType::S16: return "i16";
+    case DType::S32: return "i32";
+    case DType::S64: return "i64";
+    case DType::U8: return "ui8";
+    case DType::U32: return "ui32";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+    case DType::C64: return "complex<f32>";
+  }
+  return "?";
+}
+
+int64_t itemsize(DType t) {
+  switch (t) {
+    case DType::Pred: case DType::S8: case DType::U8: return 1;
+    case DType::S16: case DType::F16: case DType::BF16: return 2;
+    case DType::S32: case DType::U32: case DType::F32: return 4;
+    case DType::S64: case DType::F64: case DType::C64: return 8;
+  }
+  return 0;
+}
+
+bool is_float(DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64; }
+bool is_complex(DType t) { return t == DType::C64; }
+bool is_unsigned(DType t) { return t == DType::U8 || t == DType::U32; }
+bool is_int(DType t) { return !is_float(t) && !is_complex(t) && t != DType::Pred; }
+
+int64_t numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string join(const std::vector<int64_t>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += sep;
+    s += std::to_string(v[i]);
+  }
+  return s;
+}
+
+std::string i64_array(const std::vector<int64_t>& v) {
+  return v.empty() ? "array<i64>" : "array<i64: " + join(v) + ">";
+}
+
+std::string Type::str() const {
+  std::string s = "tensor<";
+  for (int64_t d : shape) s += std::to_string(d) + "x";
+  return s + mlir_name(dtype) + ">";
+}
+
+namespace {
+std::string types(const std::vector<Value>& vs) {
+  std::string s;
+  for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + vs[i].type.str();
+  return s;
+}
+std::string types(const std::vector<Type>& ts) {
+  std::string s;
+  for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + ts[i].str();
+  return s;
+}
+
+// Exact literal for a floating value of type t: its bit pattern in hex.
+std::string float_literal(double v, DType t) {
+  char buf[32];
+  if (t == DType::F64) {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    snprintf(buf, sizeof buf, "0x%016llX", static_cast<unsigned long long>(bits));
+    return buf;
+  }
+  float f = static_cast<float>(v);
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if (t == DType::F32) {
+    snprintf(buf, sizeof buf, "0x%08X", bits);
+  } else if (t == DType::BF16) {
+    // round to nearest even
+    uint32_t r = std::isnan(f) ? 0x7FC00000u : bits + 0x7FFFu + ((bits >> 16) & 1u);
+    snprintf(buf, sizeof buf, "0x%04X", r >> 16);
+  } else {  // F16
+    uint16_t h;
+    // IEEE half conversion with round-to-nearest-even
+    uint32_t sign = (bits >> 16) & 0x8000u;
+    int32_t exp = static_cast<int32_t>((bits >> 23) & 0xFF) - 127 + 15;
+    uint32_t mant = bits & 0x7FFFFFu;
+    if (((bits >> 23) & 0xFF) == 0xFF) {
+      h = static_cast<uint16_t>(sign | 0x7C00u | (mant ? 0x200u : 0));
+    } else if (exp >= 31) {
+      h = static_cast<uint16_t>(sign | 0x7C00u);
+    } else if (exp <= 0) {
+      if (exp < -10) {
+        h = static_cast<uint16_t>(sign);
+      } else {
+        mant |= 0x800000u;
+        uint32_t shift = static_cast<uint32_t>(14 - exp);
+        uint32_t hm = mant >> shift;
+        uint32_t rem = mant & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (hm & 1))) ++hm;
+        h = static_cast<uint16_t>(sign | hm);
+      }
+    } else {
+      uint32_t hm = mant >> 13;
+      uint32_t rem = mant & 0x1FFFu;
+      uint32_t out = sign | (static_cast<uint32_t>(exp) << 10) | hm;
+      if (rem > 0x1000u || (rem == 0x1000u && (hm & 1))) ++out;
+      h = static_cast<uint16_t>(out);
+    }
+    snprintf(buf, sizeof buf, "0x%04X", h);
+  }
+  return buf;
+}
+}  // namespace
+
+Builder::Builder() = default;
+
+Value Builder::param(const Type& t) {
+  params_.push_back(t);
+  Value v;
+  v.id = next_++;
+  param_ids_.push_back(v.id);
+  v.type = t;
+  return v;
+}
+
+void Builder::alias(int p, int r) { aliases_.emplace_back(p, r); }
+
+std::string Builder::module(const std::vector<Value>& results) const {
+  std::ostringstream os;
+  os << "module @tt attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+     << "  func.func public @main(";
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (i) os << ", ";
+    os << "%v" << param_ids_[i] << ": " << params_[i].str();
+    for (auto& a : aliases_)
+      if (a.first == static_cast<int>(i)) os << " {tf.aliasing_output = " << a.second << " : i32}";
+  }
+  os << ") -> (" << types(results) << ") {\n" << body_ << "    return";
+  for (size_t i = 0; i < results.size(); ++i) os << (i ? ", " : " ") << "%v" << results[i].id;
+  if (!results.empty()) os << " : " << types(results);
+  os << "\n  }\n}\n";
+  return os.str();
+}
+
+std::vector<Value> Builder::emit_multi(const std::string& op, const std::vector<Value>& operands,
+                                       const std::vector<Type>& results, const std::string& attrs,
+                                       const std::string& region) {
+  std::vector<Value> out;
+  std::ostringstream os;
+  os << "    ";
+  int first = next_;
+  if (results.size() == 1) {
+    os << "%v" << first << " = ";
+  } else if (results.size() > 1) {
+    os << "%v" << first << ":" << results.size() << " = ";
+  }
+  next_ += static_cast<int>(results.size());
+  os << "\"stablehlo." << op << "\"(";
+  for (size_t i = 0; i < operands.size(); ++i) os << (i ? ", " : "") << "%v" << operands[i].id;
+  os << ")";
+  if (!region.empty()) os << " (" << region << ")";
+  if (!attrs.empty()) os << " {" << attrs << "}";
+  os << " : (" << types(operands) << ") -> ";
+  if (results.size() == 1) os << results[0].str();
+  else os << "(" << types(results) << ")";
+  os << "\n";
+  body_ += os.str();
+  if (results.size() == 1) {
+    Value v;
+    v.id = first;
+    v.type = results[0];
+    out.push_back(v);
+  } else {
+    // Multi-result ops are referenced as %vN#i; rebind each to a fresh name.
+    for (size_t i = 0; i < results.size(); ++i) {
+      Value v;
+      v.id = next_++;
+      v.type = results[i];
+      // An identity-free alias: MLIR allows "%a = %b#i" only via ops, so reshape
+      // to the same shape (folded away by the compiler).
+      body_ += "    %v" + std::to_string(v.id) + " = \"stablehlo.reshape\"(%v" + std::to_string(first) + "#" +
+               std::to_string(i) + ") : (" + results[i].str() + ") -> " + results[i].str() + "\n";
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+Value Builder::emit(const std::string& op, const std::vector<Value>& operands, const Type& result,
+                    const std::string& attrs) {
+  return emit_multi(op, operands, {result}, attrs)[0];
+}
+
+// ---------------------------------------------------------------- constants
+Value Builder::constant(double v, DType t, const Shape& shape) {
+  std::string lit;
+  if (is_float(t)) lit = float_literal(v, t);
+  else if (t == DType::Pred) lit = v != 0 ? "true" : "false";
+  else if (t == DType::C64) lit = "(" + float_literal(v, DType::F32) + ", 0x00000000)";
+  else return constant_int(static_cast<int64_t>(v), t, shape);
+  Type ty{t, shape};
+  return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
+}
+
+Value Builder::constant_int(int64_t v, DType t, const Shape& shape) {
+  if (is_float(t) || t == DType::C64) return constant(static_cast<double>(v), t, shape);
+  Type ty{t, shape};
+  std::string lit = t == DType::Pred ? (v ? "true" : "false") : std::to_string(v);
+  return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
+}
+
+Value Builder::lowest(DType t) {
+  switch (t) {
+    case DType::Pred: return constant_int(0, t);
+    case DType::S8: return constant_int(INT8_MIN, t);
+    case DType::S16: return constant_int(INT16_MIN, t);
+    case DType::S32: return constant_int(INT32_MIN, t);
+    case DType::S64: return constant_int(INT64_MIN, t);
+    case DType::U8: case DType::U32: return constant_int(0, t);
+    default: return constant(-std::numeric_limits<double>::infinity(), t);
+  }
+}
+
+Value Builder::highest(DType t) {
+  switch (t) {
+    case DType::Pred: return constant_int(1, t);
+    case DType::S8: return constant_int(INT8_MAX, t);
+    case DType::S16: return constant_int(INT16_MAX, t);
+    case DType::S32: return constant_int(INT32_MAX, t);
+    case DType::S64: return constant_int(INT64_MAX, t);
+    case DType::U8: return constant_int(255, t);
+    case DType::U32: return constant_int(UINT32_MAX, t);
+    default: return constant(std::numeric_limits<double>::infinity(), t);
+  }
+}
+
+Value Builder::iota(DType t, const Shape& s, int64_t dim) {
+  return emit("iota", {}, Type{t, s}, "iota_dimension = " + std::to_string(dim) + " : i64");
+}
+
+// ---------------------------------------------------------------- elementwise
+Value Builder::unary(const std::string& n, Value x) { return emit(n, {x}, x.type); }
+
+Value Builder::binary(const std::string& n, Value a, Value b) {
+  if (a.type != b.type)
+    throw BuildError("stablehlo." + n + ": operand types differ: " + a.type.str() + " vs " + b.type.str());
+  return emit(n, {a, b}, a.type);
+}
+
+Value Builder::compare(Value a, Value b, Cmp dir) {
+  static const char* names[] = {"EQ", "NE", "LT", "LE", "GT", "GE"};
+  if (a.type != b.type) throw BuildError("compare: operand types differ: " + a.type.str() + " vs " + b.type.str());
+  std::string attrs = std::string("comparison_direction = #stablehlo<comparison_direction ") +
+                      names[static_cast<int>(dir)] + ">";
+  return emit("compare", {a, b}, Type{DType::Pred, a.shape()}, attrs);
+}
+
+Value Builder::select(Value p, Value t, Value f) {
+  if (t.type != f.type || p.shape() != t.shape())
+    throw BuildError("select: mismatched operands " + p.type.str() + ", " + t.type.str() + ", " + f.type.str());
+  return emit("select", {p, t, f}, t.type);
+}
+
+Value Builder::convert(Value x, DType t) {
+  if (x.dtype() == t) return x;
+  return emit("convert", {x}, Type{t, x.shape()});
+}
+
+Value Builder::bitcast(Value x, DType t) {
+  if (x.dtype() == t) return x;
+  if (itemsize(x.dtype()) != itemsize(t)) throw BuildError("bitcast between types of different size");
+  return emit("bitcast_convert", {x}, Type{t, x.shape()});
+}
+
+Value Builder::clamp(Value lo, Value x, Value hi) { return emit("clamp", {lo, x, hi}, x.type); }
+
+// ---------------------------------------------------------------- shape
+Value Builder::reshape(Value x, const Shape& s) {
+  if (x.shape() == s) return x;
+  if (numel(x.shape()) != numel(s)) throw BuildError("reshape: element count differs");
+  return emit("reshape", {x}, Type{x.dtype(), s});
+}
+
+Value Builder::transpose(Value x, const std::vector<int64_t>& perm) {
+  bool identity = true;
+  Shape s(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) {
+    s[i] = x.shape()[perm[i]];
+    identity &= perm[i] == static_cast<int64_t>(i);
+  }
+  if (identity) return x;
+  return emit("transpose", {x}, Type{x.dtype(), s}, "permutation = " + i64_array(perm));
+}
+
+Value Builder::broadcast_in_dim(Value x, const Shape& s, const std::vector<int64_t>& dims) {
+  if (x.shape() == s) return x;
+  return emit("broadcast_in_dim", {x}, Type{x.dtype(), s}, "broadcast_dimensions = " + i64_array(dims));
+}
+
+Value Builder::broadcast_to(Value x, const Shape& s) {
+  if (x.shape() == s) return x;
+  int64_t off = static_cast<int64_t>(s.size()) - x.rank();
+  if (off < 0) throw BuildError("broadcast_to: target rank is smaller");
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < x.rank(); ++i) {
+    if (x.shape()[i] != 1 && x.shape()[i] != s[i + off]) throw BuildError("broadcast_to: incompatible shapes");
+    dims.push_back(i + off);
+  }
+  return broadcast_in_dim(x, s, dims);
+}
+
+Value Builder::slice(Value x, const Shape& start, const Shape& limit, const Shape& strides) {
+  Shape s(x.rank());
+  bool whole = true;
+  for (int64_t i = 0; i < x.rank(); ++i) {
+    s[i] = (limit[i] - start[i] + strides[i] - 1) / strides[i];
+    if (s[i] < 0) s[i] = 0;
+    whole &= start[i] == 0 && limit[i] == x.shape()[i] && strides[i] == 1;
+  }
+  if (whole) return x;
+  return emit("slice", {x}, Type{x.dtype(), s},
+              "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
+                  ", strides = " + i64_array(strides));
+}
+
+Value Builder::dynamic_update_slice(Value x, Value u, const std::vector<Value>& starts) {
+  std::vector<Value> ops{x, u};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return emit("dynamic_update_slice", ops, x.type);
+}
+
+Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
+  if (xs.size() == 1) return xs[0];
+  Shape s = xs[0].shape();
+  s[dim] = 0;
+  for (auto& x : xs) s[dim] += x.shape()[dim];
+  return emit("concatenate", xs, Type{xs[0].dtype(), s}, "dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::pad(Value x, Value pv, const Shape& lo, const Shape& hi, const Shape& interior) {
+  Shape s(x.rank());
+  for (int64_t i = 0; i < x.rank(); ++i)
+    s[i] = lo[i] + hi[i] + x.shape()[i] + std::max<int64_t>(0, x.shape()[i] - 1) * interior[i];
+  return emit("pad", {x, pv}, Type{x.dtype(), s},
+              "edge_padding_low = " + i64_array(lo) + ", edge_padding_high = " + i64_array(hi) +
+                  ", interior_padding = " + i64_array(interior));
+}
+
+Value Builder::reverse(Value x, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return x;
+  return emit("reverse", {x}, x.type, "dimensions = " + i64_array(dims));
+}
+
+// ---------------------------------------------------------------- reductions
+std::string Builder::region(const std::string& body, DType t, int n) {
+  // ^bb0(%a0..%a{n-1}, %b0..%b{n-1}) -> elementwise body over pairs (n == 1 only
+  // for named bodies).
+  std::string st = Type{t, {}}.str();
+  int a = next_++, b = next_++, r = next_++;
+  (void)n;
+  std::string s = "{\n    ^bb0(%v" + std::to_string(a) + ": " + st + ", %v" + std::to_string(b) + ": " + st + "):\n";
+  if (body.empty()) {  // replace: keep the update
+    s += "      \"stablehlo.return\"(%v" + std::to_string(b) + ") : (" + st + ") -> ()\n    }";
+    return s;
+  }
+  s += "      %v" + std::to_string(r) + " = \"stablehlo." + body + "\"(%v" + std::to_string(a) + ", %v" +
+       std::to_string(b) + ") : (" + st + ", " + st + ") -> " + st + "\n";
+  s += "      \"stablehlo.return\"(%v" + std::to_string(r) + ") : (" + st + ") -> ()\n    }";
+  return s;
+}
+
+Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, const std::string& body) {
+  if (dims.empty()) return x;
+  Shape s;
+  for (int64_t i = 0; i < x.rank(); ++i) {
+    bool reduced = false;
+    for (int64_t d : dims) reduced |= d == i;
+    if (!reduced) s.push_back(x.shape()[i]);
+  }
+  std::string reg = region(body, x.dtype(), 1);
+  return emit_multi("reduce", {x, init}, {Type{x.dtype(), s}}, "dimensions = " + i64_array(dims), reg)[0];
+}
+
+std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
+  DType t = x.dtype();
+  Shape s;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != dim) s.push_back(x.shape()[i]);
+  Value idx = iota(DType::S64, x.shape(), dim);
+  Value init_v = is_max ? lowest(t) : highest(t);
+  Value init_i = constant_int(INT64_MAX, DType::S64);
+  // Region: pick a when it wins the comparison, is NaN (and b is not, or has the
+  // smaller index), or ties with a smaller index. Symmetric, so order-free.
+  std::string st = Type{t, {}}.str(), si = Type{DType::S64, {}}.str(), sp = Type{DType::Pred, {}}.str();
+  auto v = [&](int id) { return "%v" + std::to_string(id); };
+  int av = next_++, ai = next_++, bv = next_++, bi = next_++;
+  int win = next_++, eq = next_++, ilt = next_++, tie = next_++, an = next_++, bn = next_++, nbn = next_++,
+      anb = next_++, bothn = next_++, bothlt = next_++, nanpick = next_++, p1 = next_++, pick = next_++,
+      rv = next_++, ri = next_++;
+  std::ostringstream r;
+  auto cmp = [&](int out, int a, int b, const char* dir, const std::string& ty) {
+    r << "      " << v(out) << " = \"stablehlo.compare\"(" << v(a) << ", " << v(b)
+      << ") {comparison_direction = #stablehlo<comparison_direction " << dir << ">} : (" << ty << ", " << ty
+      << ") -> " << sp << "\n";
+  };
+  auto bin = [&](int out, const char* op, int a, int b) {
+    r << "      " << v(out) << " = \"stablehlo." << op << "\"(" << v(a) << ", " << v(b) << ") : (" << sp << ", "
+      << sp << ") -> " << sp << "\n";
+  };
+  r << "{\n    ^bb0(" << v(av) << ": " << st << ", " << v(ai) << ": " << si << ", " << v(bv) << ": " << st << ", "
+    << v(bi) << ": " << si << "):\n";
+  cmp(win, av, bv, is_max ? "GT" : "LT", st);
+  cmp(eq, av, bv, "EQ", st);
+  cmp(ilt, ai, bi, "LT", si);
+  bin(tie, "and", eq, ilt);
+  cmp(an, av, av, "NE", st);
+  cmp(bn, bv, bv, "NE", st);
+  r << "      " << v(nbn) << " = \"stablehlo.not\"(" << v(bn) << ") : (" << sp << ") -> " << sp << "\n";
+  bin(anb, "and", an, nbn);
+  bin(bothn, "and", an, bn);
+  bin(bothlt, "and", bothn, ilt);
+  bin(nanpick, "or", anb, bothlt);
+  bin(p1, "or", win, tie);
+  r << "      " << v(pick) << " = \"stablehlo.or\"(" << v(p1) << ", " << v(nanpick) << ") : (" << sp << ", " << sp
+    << ") -> " << sp << "\n";
+  // b wins outright when b is NaN and a is not: p1 may be true only if a>b, impossible with NaN b.
+  r << "      " << v(rv) << " = \"stablehlo.select\"(" << v(pick) << ", " << v(av) << ", " << v(bv) << ") : (" << sp
+    << ", " << st << ", " << st << ") -> " << st << "\n";
+  r << "      " << v(ri) << " = \"stablehlo.select\"(" << v(pick) << ", " << v(ai) << ", " << v(bi) << ") : (" << sp
+    << ", " << si << ", " << si << ") -> " << si << "\n";
+  r << "      \"stablehlo.return\"(" << v(rv) << ", " << v(ri) << ") : (" << st << ", " << si << ") -> ()\n    }";
+  auto outs = emit_multi("reduce", {x, idx, init_v, init_i}, {Type{t, s}, Type{DType::S64, s}},
+                         "dimensions = " + i64_array({dim}), r.str());
+  return {outs[0], outs[1]};
+}
+
+Value Builder::reduce_window(Value x, Value init, const Shape& window, const Shape& strides,
+                             const std::vector<std::pair<int64_t, int64_t>>& padding, const std::string& body) {
+  Shape s(x.rank());
+  std::string pads;
+  for (int64_t i = 0; i < x.rank(); ++i) {
+    int64_t padded = x.shape()[i] + padding[i].first + padding[i].second;
+    s[i] = padded < window[i] ? 0 : (padded - window[i]) / strides[i] + 1;
+    pads += (i ? ", [" : "[") + std::to_string(padding[i].first) + ", " + std::to_string(padding[i].second) + "]";
+  }
+  std::string reg = region(body, x.dtype(), 1);
+  std::string attrs = "window_dimensions = " + i64_array(window) + ", window_strides = " + i64_array(strides) +
+                      ", padding = dense<[" + pads + "]> : tensor<" + std::to_string(x.rank()) + "x2xi64>";
+  return emit_multi("reduce_window", {x, init}, {Type{x.dtype(), s}}, attrs, reg)[0];
+}
+
+// ---------------------------------------------------------------- contraction
+Value Builder::dot_general(Value a, Value b, const DotDims& d, DType result) {
+  if (a.dtype() != b.dtype()) throw BuildError("dot_general: operand element types differ");
+  Shape s;
+  auto in = [](const std::vector<int64_t>& v, int64_t i) {
+    for (int64_t x : v) if (x == i) return true;
+    return false;
+  };
+  for (int64_t i : d.lhs_batch) s.push_back(a.shape()[i]);
+  for (int64_t i = 0; i < a.rank(); ++i)
+    if (!in(d.lhs_batch, i) && !in(d.lhs_contract, i)) s.push_back(a.shape()[i]);
+  for (int64_t i = 0; i < b.rank(); ++i)
+    if (!in(d.rhs_batch, i) && !in(d.rhs_contract, i)) s.push_back(b.shape()[i]);
+  std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
+  std::vector<std::string> parts;
+  auto field = [&](const char* n, const std::vector<int64_t>& v) {
+    if (!v.empty()) parts.push_back(std::string(n) + " = [" + join(v) + "]");
+  };
+  field("lhs_batching_dimensions", d.lhs_batch);
+  field("rhs_batching_dimensions", d.rhs_batch);
+  field("lhs_contracting_dimensions", d.lhs_contract);
+  field("rhs_contracting_dimensions", d.rhs_contract);
+  for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
+  dn += ">";
+  return emit("dot_general", {a, b}, Type{result, s}, dn);
+}
+
+Value Builder::convolution(Value lhs, Value rhs, const ConvDims& d, const Shape& strides,
+                           const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dil,
+                           const Shape& rhs_dil, int64_t groups, const Shape& out_shape, DType result) {
+  auto layout = [](int64_t rank, int64_t b, int64_t f, const std::vector<int64_t>& sp, const char* bn,
+                   const char* fn) {
+    std::vector<std::string> pos(rank);
+    pos[b] = bn;
+    pos[f] = fn;
+    for (size_t i = 0; i < sp.size(); ++i) pos[sp[i]] = std::to_string(i);
+    std::string s = "[";
+    for (int64_t i = 0; i < rank; ++i) s += (i ? ", " : "") + pos[i];
+    return s + "]";
+  };
+  std::string dn = "dimension_numbers = #stablehlo.conv<" +
+                   layout(lhs.rank(), d.in_batch, d.in_feature, d.in_spatial, "b", "f") + "x" +
+                   layout(rhs.rank(), d.k_out, d.k_in, d.k_spatial, "o", "i") + "->" +
+                   layout(static_cast<int64_t>(out_shape.size()), d.out_batch, d.out_feature, d.out_spatial, "b",
+                          "f") +
+                   ">";
+  std::string pads;
+  for (size_t i = 0; i < padding.size(); ++i)
+    pads += (i ? ", [" : "[") + std::to_string(padding[i].first) + ", " + std::to_string(padding[i].second) + "]";
+  std::string attrs = dn + ", window_strides = " + i64_array(strides) + ", padding = dense<[" + pads +
+                      "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>, lhs_dilation = " +
+                      i64_array(lhs_dil) + ", rhs_dilation = " + i64_array(rhs_dil) +
+                      ", feature_group_count = " + std::to_string(groups) + " : i64, batch_group_count = 1 : i64";
+  return emit("convolution", {lhs, rhs}, Type{result, out_shape}, attrs);
+}
+
+// ---------------------------------------------------------------- indexing
+Value Builder::take(Value x, Value idx, int64_t dim) {
+  int64_t r = idx.rank();
+  Shape ishape = idx.shape();
+  ishape.push_back(1);
+  Value idx2 = reshape(convert(idx, DType::S64), ishape);
+  Shape out;
+  std::vector<int64_t> offset_dims;
+  for (int64_t i = 0; i < dim; ++i) {
+    offset_dims.push_back(static_cast<int64_t>(out.size()));
+    out.push_back(x.shape()[i]);
+  }
+  for (int64_t d : idx.shape()) out.push_back(d);
+  for (int64_t i = dim + 1; i < x.rank(); ++i) {
+    offset_dims.push_back(static_cast<int64_t>(out.size()));
+    out.push_back(x.shape()[i]);
+  }
+  Shape sizes = x.shape();
+  sizes[dim] = 1;
+  std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = [" + join(offset_dims) +
+                      "], collapsed_slice_dims = [" + std::to_string(dim) + "], start_index_map = [" +
+                      std::to_string(dim) + "], index_vector_dim = " + std::to_string(r) +
+                      ">, slice_sizes = " + i64_array(sizes) + ", indices_are_sorted = false";
+  return emit("gather", {x, idx2}, Type{x.dtype(), out}, attrs);
+}
+
+Value Builder::take_along(Value x, Value idx, int64_t dim) {
+  int64_t r = x.rank();
+  Shape ishape = idx.shape();
+  ishape.push_back(1);
+  std::vector<Value> comps;
+  for (int64_t d = 0; d < r; ++d) {
+    Value c = d == dim ? convert(idx, DType::S64) : iota(DType::S64, idx.shape(), d);
+    comps.push_back(reshape(c, ishape));
+  }
+  Value full = concatenate(comps, r);
+  std::vector<int64_t> all(r);
+  for (int64_t i = 0; i < r; ++i) all[i] = i;
+  std::string attrs = "dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [" + join(all) +
+                      "], start_index_map = [" + join(all) + "], index_vector_dim = " + std::to_string(r) +
+                      ">, slice_sizes = " + i64_array(Shape(r, 1)) + ", indices_are_sorted = false";
+  return emit("gather", {x, full}, Type{x.dtype(), idx.shape()}, attrs);
+}
+
+Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>& dims, const std::string& body) {
+  std::vector<int64_t> window;
+  for (int64_t i = 1; i < upd.rank(); ++i) window.push_back(i);
+  std::string reg = region(body, x.dtype(), 1);
+  std::string attrs = "scatter_dimension_numbers = #stablehlo.scatter<" +
+                      (window.empty() ? std::string() : "update_window_dims = [" + join(window) + "], ") +
+                      "inserted_window_dims = [" + join(dims) + "], scatter_dims_to_operand_dims = [" + join(dims) +
+                      "], index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false";
+  return emit_multi("scatter", {x, convert(idx, DType::S64), upd}, {x.type}, attrs, reg)[0];
+}
+
+Value Builder::sort_dim(Value x, int64_t dim, bool descending, Value* indices) {
+  Value idx = iota(DType::S64, x.shape(), dim);
+  std::string st = Type{x.dtype(), {}}.str(), si = Type{DType::S64, {}}.str();
+  int a = next_++, ai = next_++, b = next_++, bi = next_++, c = next_++;
+  auto v = [](int id) { return "%v" + std::to_string(id); };
+  std::string r = "{\n    ^bb0(" + v(a) + ": " + st + ", " + v(b) + ": " + st + ", " + v(ai) + ": " + si + ", " +
+                  v(bi) + ": " + si + "):\n";
+  r += "      " + v(c) + " = \"stablehlo.compare\"(" + v(a) + ", " + v(b) +
+       ") {comparison_direction = #stablehlo<comparison_direction " + (descending ? "GT" : "LT") +
+       ">, compare_type = #stablehlo<comparison_type TOTALORDER>} : (" + st + ", " + st + ") -> tensor<i1>\n";
+  r += "      \"stablehlo.return\"(" + v(c) + ") : (tensor<i1>) -> ()\n    }";
+  auto outs = emit_multi("sort", {x, idx}, {x.type, idx.type},
+                         "dimension = " + std::to_string(dim) + " : i64, is_stable = true", r);
+  if (indices) *indices = outs[1];
+  return outs[0];
+}
+
+}  // namespace tt::hlo

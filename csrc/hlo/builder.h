@@ -1,0 +1,169 @@
+// StableHLO builder: typed values, ops with shape inference, module text.
+// Emits MLIR generic-form text ("stablehlo.add"(%1, %2) : (...) -> ...), which
+// every PJRT plugin's StableHLO parser accepts.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tt::hlo {
+
+enum class DType { Pred, S8, S16, S32, S64, U8, U32, F16, BF16, F32, F64, C64 };
+
+const char* mlir_name(DType t);  // "f32", "i1", "ui32", "complex<f32>"
+int64_t itemsize(DType t);
+bool is_float(DType t);    // f16, bf16, f32, f64
+bool is_complex(DType t);
+bool is_int(DType t);      // signed or unsigned integer, not pred
+bool is_unsigned(DType t);
+
+using Shape = std::vector<int64_t>;
+int64_t numel(const Shape& s);
+
+struct Type {
+  DType dtype = DType::F32;
+  Shape shape;
+  std::string str() const;  // tensor<2x3xf32>
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  bool operator==(const Type& o) const { return dtype == o.dtype && shape == o.shape; }
+  bool operator!=(const Type& o) const { return !(*this == o); }
+};
+
+struct Value {
+  int id = -1;
+  Type type;
+  const Shape& shape() const { return type.shape; }
+  DType dtype() const { return type.dtype; }
+  int64_t rank() const { return type.rank(); }
+  bool valid() const { return id >= 0; }
+};
+
+// Thrown when an op is built with operands it cannot take (a bug in a lowering
+// rule, never a user error: user errors are caught earlier by Meta kernels).
+class BuildError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+struct DotDims {
+  std::vector<int64_t> lhs_batch, rhs_batch, lhs_contract, rhs_contract;
+};
+
+struct ConvDims {  // stablehlo.convolution dimension numbers, all 2-D-agnostic
+  int64_t in_batch = 0, in_feature = 1;
+  std::vector<int64_t> in_spatial;
+  int64_t k_out = 0, k_in = 1;
+  std::vector<int64_t> k_spatial;
+  int64_t out_batch = 0, out_feature = 1;
+  std::vector<int64_t> out_spatial;
+};
+
+class Builder {
+ public:
+  Builder();
+
+  // ---- checkpoints: drop everything emitted after a mark (a failed lowering)
+  struct Mark {
+    size_t body = 0, params = 0;
+  };
+  Mark mark() const { return Mark{body_.size(), params_.size()}; }
+  void rollback(const Mark& m) {
+    body_.resize(m.body);
+    params_.resize(m.params);
+    param_ids_.resize(m.params);
+  }
+
+  // ---- function signature
+  Value param(const Type& t);
+  int num_params() const { return static_cast<int>(params_.size()); }
+  const std::vector<Type>& param_types() const { return params_; }
+  // Marks parameter `param_index` as donated into result `result_index`.
+  void alias(int param_index, int result_index);
+  // The module text with `results` returned from @main.
+  std::string module(const std::vector<Value>& results) const;
+
+  // ---- generic emission
+  Value emit(const std::string& op, const std::vector<Value>& operands, const Type& result,
+             const std::string& attrs = "");
+  std::vector<Value> emit_multi(const std::string& op, const std::vector<Value>& operands,
+                                const std::vector<Type>& results, const std::string& attrs = "",
+                                const std::string& region = "");
+
+  // ---- constants
+  Value constant(double v, DType t, const Shape& shape = {});
+  Value constant_int(int64_t v, DType t, const Shape& shape = {});
+  Value zeros(DType t, const Shape& s) { return constant(0.0, t, s); }
+  Value iota(DType t, const Shape& s, int64_t dim);
+  Value lowest(DType t);   // -inf, or the type's minimum (scalar)
+  Value highest(DType t);  // +inf, or the type's maximum (scalar)
+
+  // ---- elementwise (operands must already share shape; see broadcast_to)
+  Value unary(const std::string& name, Value x);               // "exponential", "tanh", ...
+  Value binary(const std::string& name, Value a, Value b);     // "add", "multiply", ...
+  Value add(Value a, Value b) { return binary("add", a, b); }
+  Value sub(Value a, Value b) { return binary("subtract", a, b); }
+  Value mul(Value a, Value b) { return binary("multiply", a, b); }
+  Value div(Value a, Value b) { return binary("divide", a, b); }
+  Value max(Value a, Value b) { return binary("maximum", a, b); }
+  Value min(Value a, Value b) { return binary("minimum", a, b); }
+  Value neg(Value x) { return unary("negate", x); }
+  Value compare(Value a, Value b, Cmp dir);
+  Value select(Value pred, Value t, Value f);
+  Value convert(Value x, DType t);
+  Value bitcast(Value x, DType t);  // same itemsize only
+  Value clamp(Value lo, Value x, Value hi);
+
+  // ---- shape
+  Value reshape(Value x, const Shape& s);
+  Value transpose(Value x, const std::vector<int64_t>& perm);
+  Value broadcast_in_dim(Value x, const Shape& s, const std::vector<int64_t>& dims);
+  Value broadcast_to(Value x, const Shape& s);  // numpy rules, right-aligned
+  Value scalar_like(double v, Value like) { return constant(v, like.dtype(), like.shape()); }
+  Value slice(Value x, const Shape& start, const Shape& limit, const Shape& strides);
+  Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);
+  Value concatenate(const std::vector<Value>& xs, int64_t dim);
+  Value pad(Value x, Value pad_value, const Shape& lo, const Shape& hi, const Shape& interior);
+  Value reverse(Value x, const std::vector<int64_t>& dims);
+
+  // ---- reductions: body is "add", "maximum", "minimum", "multiply", "and", "or"
+  Value reduce(Value x, Value init, const std::vector<int64_t>& dims, const std::string& body);
+  // Variadic (value, index) reduction for argmax/argmin along `dim`.
+  std::pair<Value, Value> reduce_arg(Value x, int64_t dim, bool is_max);
+  Value reduce_window(Value x, Value init, const Shape& window, const Shape& strides,
+                      const std::vector<std::pair<int64_t, int64_t>>& padding, const std::string& body);
+
+  // ---- contraction
+  Value dot_general(Value a, Value b, const DotDims& d, DType result);
+  Value convolution(Value lhs, Value rhs, const ConvDims& d, const Shape& strides,
+                    const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dilation,
+                    const Shape& rhs_dilation, int64_t feature_groups, const Shape& out_shape, DType result);
+
+  // ---- indexing
+  // Gathers x[idx] along `dim` (idx: integer tensor of any shape, already in range);
+  // result shape = x.shape[:dim] + idx.shape + x.shape[dim+1:].
+  Value take(Value x, Value idx, int64_t dim);
+  // torch.gather semantics: out[i...] = x[..., idx[i...], ...] at `dim`; idx has x's rank.
+  Value take_along(Value x, Value idx, int64_t dim);
+  // Scatter of `updates` into x at positions idx (shape [N, K]) over dims `dims`
+  // of x; updates has shape [N] + remaining (window) dims of x. body "add" or "" (replace).
+  Value scatter(Value x, Value idx, Value updates, const std::vector<int64_t>& dims, const std::string& body);
+  Value sort_dim(Value x, int64_t dim, bool descending, Value* indices);
+
+ private:
+  std::string name(Value v) const { return "%" + std::to_string(v.id); }
+  std::string region(const std::string& body, DType t, int n) ;
+  int next_ = 0;
+  std::vector<Type> params_;
+  std::vector<int> param_ids_;
+  std::vector<std::pair<int, int>> aliases_;
+  std::string body_;
+};
+
+std::string join(const std::vector<int64_t>& v, const char* sep = ", ");
+std::string i64_array(const std::vector<int64_t>& v);  // array<i64: 1, 2>
+
+}  // namespace tt::hlo

@@ -1,0 +1,254 @@
+// Registry, Ctx accessors and helpers shared by the op families.
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "lowering/lowering.h"
+
+namespace tt::lower {
+
+namespace {
+std::unordered_map<std::string, Rule>& registry() {
+  static std::unordered_map<std::string, Rule> r;
+  return r;
+}
+[[noreturn]] void bad_arg(size_t i, const char* want) {
+  throw hlo::BuildError("lowering: argument " + std::to_string(i) + " is not " + want);
+}
+}  // namespace
+
+void add_rule(const std::string& name, Rule r) { registry()[name] = std::move(r); }
+
+const Rule* find_rule(const std::string& name) {
+  auto& r = registry();
+  auto it = r.find(name);
+  return it == r.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> rule_names() {
+  std::vector<std::string> v;
+  for (auto& kv : registry()) v.push_back(kv.first);
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void register_all() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_elementwise();
+    register_reduction();
+    register_shape();
+    register_indexing();
+    register_linalg();
+    register_nn();
+    register_random();
+  });
+}
+
+// ---------------------------------------------------------------- Ctx
+const Arg& Ctx::arg(size_t i) const {
+  if (i >= args_.size()) bad_arg(i, "present");
+  return args_[i];
+}
+Value Ctx::in(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind != Arg::Tensor) bad_arg(i, "a tensor");
+  return a.tensor;
+}
+const std::vector<Value>& Ctx::list(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind != Arg::TensorList) bad_arg(i, "a tensor list");
+  return a.tensors;
+}
+int64_t Ctx::int_(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Int) return a.i;
+  if (a.kind == Arg::Scalar) return static_cast<int64_t>(a.d);
+  if (a.kind == Arg::Bool) return a.b;
+  bad_arg(i, "an int");
+}
+bool Ctx::flag(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Bool) return a.b;
+  if (a.kind == Arg::Int) return a.i != 0;
+  bad_arg(i, "a bool");
+}
+const std::vector<int64_t>& Ctx::ints(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind != Arg::IntList) bad_arg(i, "an int list");
+  return a.ints;
+}
+const std::string& Ctx::str(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind != Arg::Str) bad_arg(i, "a string");
+  return a.s;
+}
+double Ctx::num(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Scalar) return a.d;
+  if (a.kind == Arg::Int) return static_cast<double>(a.i);
+  if (a.kind == Arg::Bool) return a.b;
+  bad_arg(i, "a number");
+}
+Value Ctx::scalar(size_t i, DType t) {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Tensor && a.tensor.rank() == 0) return b.convert(a.tensor, t);
+  return env.scalar_param(num(i), a.kind == Arg::Int || a.scalar_is_int, t);
+}
+Value Ctx::scalar_or(size_t i, double dflt, DType t) {
+  return has(i) ? scalar(i, t) : env.scalar_param(dflt, false, t);
+}
+const Type& Ctx::out(size_t k) const {
+  if (k >= outs_.size()) throw hlo::BuildError("lowering: no output " + std::to_string(k));
+  return outs_[k];
+}
+Value Ctx::in_as(size_t i, DType t, const Shape& s) {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Scalar || a.kind == Arg::Int || a.kind == Arg::Bool) {
+    return b.broadcast_to(scalar(i, t), s);
+  }
+  return b.broadcast_to(b.convert(in(i), t), s);
+}
+
+// ---------------------------------------------------------------- helpers
+int64_t wrap_dim(int64_t d, int64_t rank) {
+  int64_t r = std::max<int64_t>(rank, 1);
+  return d < 0 ? d + r : d;
+}
+
+std::vector<int64_t> reduce_dims(const Ctx& c, size_t i, int64_t rank) {
+  std::vector<int64_t> dims;
+  if (c.has(i)) {
+    const Arg& a = c.arg(i);
+    if (a.kind == Arg::Int) dims.push_back(wrap_dim(a.i, rank));
+    else
+      for (int64_t d : a.ints) dims.push_back(wrap_dim(d, rank));
+  }
+  if (dims.empty())
+    for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
+  if (rank == 0) dims.clear();
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+DType promote(DType a, DType b) {
+  auto cat = [](DType t) { return t == DType::Pred ? 0 : hlo::is_int(t) ? 1 : hlo::is_float(t) ? 2 : 3; };
+  if (cat(a) != cat(b)) return cat(a) > cat(b) ? a : b;
+  if (a == b) return a;
+  if ((a == DType::F16 && b == DType::BF16) || (a == DType::BF16 && b == DType::F16)) return DType::F32;
+  return hlo::itemsize(a) >= hlo::itemsize(b) ? a : b;
+}
+
+DType compute_type(DType t) { return (t == DType::F16 || t == DType::BF16) ? DType::F32 : t; }
+
+Value sum(Builder& b, Value x, const std::vector<int64_t>& dims) {
+  DType acc = compute_type(x.dtype());
+  if (acc == DType::Pred) acc = DType::S64;
+  Value xa = b.convert(x, acc);
+  return b.reduce(xa, b.constant(0, acc), dims, "add");
+}
+
+Value keep_dims(Builder& b, Value r, const Shape& full, const std::vector<int64_t>& dims) {
+  Shape s = full;
+  for (int64_t d : dims) s[d] = 1;
+  return b.reshape(r, s);
+}
+
+// matmul precision: split f32 into bf16 parts hi + mid + lo and sum the products
+// of the parts that the mode keeps, smallest first.
+Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)>& op, DType out) {
+  Builder& B = c.b;
+  DType t = a.dtype();
+  if (b.dtype() != t) {
+    t = promote(t, b.dtype());
+    a = B.convert(a, t);
+    b = B.convert(b, t);
+  }
+  if (t != DType::F32) return B.convert(op(a, b), out);  // bf16/f16 accumulate in f32 inside op
+  auto split = [&](Value x, int parts) {
+    std::vector<Value> ps;
+    Value rest = x;
+    for (int i = 0; i < parts; ++i) {
+      Value p = B.convert(rest, DType::BF16);
+      ps.push_back(p);
+      if (i + 1 < parts) rest = B.sub(rest, B.convert(p, DType::F32));
+    }
+    return ps;
+  };
+  Precision p = c.env.precision();
+  int parts = p == Precision::DEFAULT ? 1 : p == Precision::HIGH ? 2 : 3;
+  auto pa = split(a, parts), pb = split(b, parts);
+  Value r;
+  if (p == Precision::DEFAULT) {
+    r = op(pa[0], pb[0]);
+  } else if (p == Precision::HIGH) {
+    r = B.add(B.add(op(pa[1], pb[0]), op(pa[0], pb[1])), op(pa[0], pb[0]));
+  } else {
+    Value small = B.add(B.add(op(pa[2], pb[0]), op(pa[0], pb[2])), op(pa[1], pb[1]));
+    Value mid = B.add(op(pa[1], pb[0]), op(pa[0], pb[1]));
+    r = B.add(B.add(small, mid), op(pa[0], pb[0]));
+  }
+  return B.convert(r, out);
+}
+
+Value matmul(Ctx& c, Value a, Value b, const hlo::DotDims& d, DType out) {
+  auto op = [&](Value x, Value y) {
+    DType acc = (x.dtype() == DType::BF16 || x.dtype() == DType::F16) ? DType::F32 : x.dtype();
+    return c.b.dot_general(x, y, d, acc);
+  };
+  return contract(c, a, b, op, out);
+}
+
+// ---- counter-based RNG: lowbias32 hash (Wellons) of (counter + key), twice.
+namespace {
+Value hash32(Builder& b, Value x) {
+  const Shape& s = x.shape();
+  auto k = [&](int64_t v) { return b.constant_int(v, DType::U32, s); };
+  auto xorshift = [&](Value v, int64_t sh) {
+    return b.binary("xor", v, b.binary("shift_right_logical", v, k(sh)));
+  };
+  x = xorshift(x, 16);
+  x = b.mul(x, k(0x7feb352d));
+  x = xorshift(x, 15);
+  x = b.mul(x, k(0x846ca68b));
+  x = xorshift(x, 16);
+  return x;
+}
+Value random_bits(Ctx& c, int64_t n) {
+  Builder& b = c.b;
+  auto [key, base] = c.env.rng(n);
+  Shape s{n};
+  Value ctr = b.add(b.iota(DType::U32, s, 0), b.broadcast_to(base, s));
+  Value kk = b.broadcast_to(key, s);
+  Value h = hash32(b, b.binary("xor", ctr, b.mul(kk, b.constant_int(0x9E3779B1, DType::U32, s))));
+  return hash32(b, b.add(h, kk));
+}
+Value bits_to_unit(Builder& b, Value bits) {
+  const Shape& s = bits.shape();
+  Value top = b.binary("shift_right_logical", bits, b.constant_int(8, DType::U32, s));
+  return b.mul(b.convert(top, DType::F32), b.constant(1.0 / 16777216.0, DType::F32, s));
+}
+}  // namespace
+
+Value uniform01(Ctx& c, const Shape& s) {
+  int64_t n = hlo::numel(s);
+  return c.b.reshape(bits_to_unit(c.b, random_bits(c, n)), s);
+}
+
+Value normal01(Ctx& c, const Shape& s) {
+  Builder& b = c.b;
+  int64_t n = hlo::numel(s);
+  int64_t h = (n + 1) / 2;
+  Value u = bits_to_unit(b, random_bits(c, 2 * h));
+  Shape hs{h};
+  Value u1 = b.slice(u, {0}, {h}, {1}), u2 = b.slice(u, {h}, {2 * h}, {1});
+  // u1 in (0, 1]: avoid log(0)
+  u1 = b.sub(b.constant(1.0, DType::F32, hs), u1);
+  Value r = b.unary("sqrt", b.mul(b.constant(-2.0, DType::F32, hs), b.unary("log", u1)));
+  Value th = b.mul(b.constant(6.283185307179586, DType::F32, hs), u2);
+  Value z = b.concatenate({b.mul(r, b.unary("cosine", th)), b.mul(r, b.unary("sine", th))}, 0);
+  return b.reshape(b.slice(z, {0}, {n}, {1}), s);
+}
+
+}  // namespace tt::lower

@@ -1,0 +1,443 @@
+// Elementwise family: arithmetic, math, comparisons, logical, activations and
+// their backward kernels, where/masked_fill, fill. In-place (`add_`) and out=
+// (`add.out`) variants reuse the functional rule (the engine stores the result).
+#include <cmath>
+
+#include "lowering/lowering.h"
+
+namespace tt::lower {
+namespace {
+
+using V = std::vector<Value>;
+
+// PyTorch's result_type over the given arguments: dimensioned tensors, then
+// zero-dim tensors, then Python numbers, each tier only raising the category.
+DType result_type(const Ctx& c, std::initializer_list<size_t> idx) {
+  auto cat = [](DType t) { return t == DType::Pred ? 0 : hlo::is_int(t) ? 1 : hlo::is_float(t) ? 2 : 3; };
+  bool have[3] = {false, false, false};
+  DType tier[3] = {DType::Pred, DType::Pred, DType::Pred};
+  for (size_t i : idx) {
+    if (!c.has(i)) continue;
+    const Arg& a = c.arg(i);
+    int k;
+    DType t;
+    if (a.kind == Arg::Tensor) {
+      t = a.tensor.dtype();
+      k = a.wrapped_number ? 2 : (a.tensor.rank() == 0 ? 1 : 0);
+    } else if (a.kind == Arg::Scalar || a.kind == Arg::Int || a.kind == Arg::Bool) {
+      t = a.kind == Arg::Bool || a.scalar_is_bool ? DType::Pred
+          : (a.kind == Arg::Int || a.scalar_is_int) ? DType::S64 : DType::F32;
+      k = 2;
+    } else {
+      continue;
+    }
+    if (k == 2 && a.kind == Arg::Tensor && hlo::is_float(t)) t = DType::F32;  // wrapped float -> default dtype
+    tier[k] = have[k] ? promote(tier[k], t) : t;
+    have[k] = true;
+  }
+  DType r = have[0] ? tier[0] : DType::Pred;
+  bool any = have[0];
+  for (int k = 1; k < 3; ++k) {
+    if (!have[k]) continue;
+    if (!any) { r = tier[k]; any = true; continue; }
+    if (cat(tier[k]) > cat(r)) r = k == 2 && cat(tier[k]) == 2 ? DType::F32 : (k == 2 && cat(tier[k]) == 1 ? DType::S64 : tier[k]);
+  }
+  return r;
+}
+
+// ---- generic family rules
+Rule unary(const char* op) {
+  return [op](Ctx& c) -> V { return {c.b.unary(op, c.in_out(0, c.odt()))}; };
+}
+// Computes in the accumulation type (f32 for f16/bf16), as CUDA does.
+Rule unary_fn(std::function<Value(Builder&, Value)> f) {
+  return [f](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    return {c.b.convert(f(c.b, c.in_out(0, t)), c.odt())};
+  };
+}
+Rule binary(const char* op) {
+  return [op](Ctx& c) -> V {
+    DType t = c.odt();
+    return {c.b.binary(op, c.in_out(0, t), c.in_out(1, t))};
+  };
+}
+Rule binary_fn(std::function<Value(Builder&, Value, Value)> f) {
+  return [f](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    return {c.b.convert(f(c.b, c.in_out(0, t), c.in_out(1, t)), c.odt())};
+  };
+}
+Rule compare(hlo::Cmp dir) {
+  return [dir](Ctx& c) -> V {
+    DType t = result_type(c, {0, 1});
+    return {c.b.compare(c.in_out(0, t), c.in_out(1, t), dir)};
+  };
+}
+Rule logical(const char* op) {
+  return [op](Ctx& c) -> V {
+    auto as_bool = [&](size_t i) {
+      Value x = c.in_out(i, result_type(c, {i}));
+      return x.dtype() == DType::Pred ? x : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE);
+    };
+    return {c.b.binary(op, as_bool(0), as_bool(1))};
+  };
+}
+
+Value k(Builder& b, double v, Value like) { return b.scalar_like(v, like); }
+
+// erf(x) for f32 (f64 too, at f32 accuracy): rational approximation on [-4, 4]
+// erf(x) = x * P(x^2) / Q(x^2) (the minimax coefficients used by Eigen and XLA).
+Value erf(Builder& b, Value x) {
+  static const double alpha[] = {-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                                 -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                                 -1.60960333262415e-02};
+  static const double beta[] = {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                                -7.37332916720468e-03, -1.42647390514189e-02};
+  Value xc = b.clamp(k(b, -4.0, x), x, k(b, 4.0, x));
+  Value x2 = b.mul(xc, xc);
+  Value p = k(b, alpha[0], x);
+  for (int i = 1; i < 7; ++i) p = b.add(b.mul(p, x2), k(b, alpha[i], x));
+  p = b.mul(p, xc);
+  Value q = k(b, beta[0], x);
+  for (int i = 1; i < 5; ++i) q = b.add(b.mul(q, x2), k(b, beta[i], x));
+  return b.div(p, q);
+}
+
+// gelu(x) = x * Phi(x); tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+Value gelu(Builder& b, Value x, bool tanh_form) {
+  if (tanh_form) {
+    Value inner = b.mul(k(b, 0.7978845608028654, x), b.add(x, b.mul(k(b, 0.044715, x), b.mul(x, b.mul(x, x)))));
+    return b.mul(b.mul(k(b, 0.5, x), x), b.add(k(b, 1.0, x), b.unary("tanh", inner)));
+  }
+  Value cdf = b.mul(k(b, 0.5, x), b.add(k(b, 1.0, x), erf(b, b.mul(x, k(b, M_SQRT1_2, x)))));
+  return b.mul(x, cdf);
+}
+
+// d gelu / dx
+Value gelu_grad(Builder& b, Value x, bool tanh_form) {
+  if (tanh_form) {
+    const double kb = 0.7978845608028654, kk = 0.044715;
+    Value x2 = b.mul(x, x);
+    Value inner = b.mul(k(b, kb, x), b.add(x, b.mul(k(b, kk, x), b.mul(x2, x))));
+    Value t = b.unary("tanh", inner);
+    Value dinner = b.mul(k(b, kb, x), b.add(k(b, 1.0, x), b.mul(k(b, 3 * kk, x), x2)));
+    Value left = b.mul(k(b, 0.5, x), b.add(k(b, 1.0, x), t));
+    Value right = b.mul(b.mul(k(b, 0.5, x), x), b.mul(b.sub(k(b, 1.0, x), b.mul(t, t)), dinner));
+    return b.add(left, right);
+  }
+  Value cdf = b.mul(k(b, 0.5, x), b.add(k(b, 1.0, x), erf(b, b.mul(x, k(b, M_SQRT1_2, x)))));
+  Value pdf = b.mul(k(b, 0.3989422804014327, x), b.unary("exponential", b.mul(k(b, -0.5, x), b.mul(x, x))));
+  return b.add(cdf, b.mul(x, pdf));
+}
+
+Value sigmoid(Builder& b, Value x) { return b.unary("logistic", x); }
+
+Value trunc(Builder& b, Value x) {
+  return b.select(b.compare(x, k(b, 0, x), hlo::Cmp::LT), b.unary("ceil", x), b.unary("floor", x));
+}
+
+// Python-style remainder: a - floor(a / b) * b (ints: sign follows b).
+Value remainder(Builder& b, Value x, Value y) {
+  Value r = b.binary("remainder", x, y);
+  Value zero = k(b, 0, r);
+  Value fix = b.binary("and", b.compare(r, zero, hlo::Cmp::NE),
+                       b.compare(b.compare(r, zero, hlo::Cmp::LT), b.compare(y, k(b, 0, y), hlo::Cmp::LT),
+                                 hlo::Cmp::NE));
+  return b.select(fix, b.add(r, y), r);
+}
+
+// div with rounding_mode None | "trunc" | "floor"
+V div_mode(Ctx& c, size_t mode_arg) {
+  DType t = c.odt();
+  std::string mode = c.has(mode_arg) ? c.str(mode_arg) : "";
+  if (mode.empty()) {
+    DType ct = compute_type(t);
+    return {c.b.convert(c.b.div(c.in_out(0, ct), c.in_out(1, ct)), t)};
+  }
+  Value a = c.in_out(0, t), d = c.in_out(1, t);
+  Builder& b = c.b;
+  if (hlo::is_int(t)) {
+    Value q = b.div(a, d);  // truncates
+    if (mode == "trunc") return {q};
+    Value r = b.binary("remainder", a, d);
+    Value adjust = b.binary("and", b.compare(r, k(b, 0, r), hlo::Cmp::NE),
+                            b.compare(b.compare(r, k(b, 0, r), hlo::Cmp::LT),
+                                      b.compare(d, k(b, 0, d), hlo::Cmp::LT), hlo::Cmp::NE));
+    return {b.select(adjust, b.sub(q, k(b, 1, q)), q)};
+  }
+  Value q = b.div(a, d);
+  return {mode == "trunc" ? trunc(b, q) : b.unary("floor", q)};
+}
+
+// pow(x, e) with the common exponents spelled out (structural on the exponent).
+V pow_scalar(Ctx& c) {
+  DType t = c.odt();
+  Value x = c.in_out(0, t);
+  double e = c.num(1);
+  Builder& b = c.b;
+  if (e == 1.0) return {x};
+  if (e == 2.0) return {b.mul(x, x)};
+  if (e == 3.0) return {b.mul(x, b.mul(x, x))};
+  if (e == 0.5 && hlo::is_float(t)) return {b.unary("sqrt", x)};
+  if (e == -0.5 && hlo::is_float(t)) return {b.unary("rsqrt", x)};
+  if (e == -1.0 && hlo::is_float(t)) return {b.div(k(b, 1, x), x)};
+  return {b.binary("power", x, c.in_out(1, t))};
+}
+
+// clamp(x, min?, max?) with scalar or tensor bounds; NaN in x propagates.
+V clamp(Ctx& c) {
+  DType t = c.odt();
+  Value x = c.in_out(0, t);
+  if (c.has(1)) x = c.b.max(x, c.in_out(1, t));
+  if (c.has(2)) x = c.b.min(x, c.in_out(2, t));
+  return {x};
+}
+
+}  // namespace
+
+void register_elementwise() {
+  using hlo::Cmp;
+  // ---- arithmetic: add(a, b, alpha) = a + alpha * b
+  auto add_like = [](bool subtract) {
+    return [subtract](Ctx& c) -> V {
+      DType t = c.odt();
+      Value a = c.in_out(0, t), b = c.in_out(1, t);
+      if (c.has(2) && c.num(2) != 1.0) b = c.b.mul(b, c.in_out(2, t));
+      return {subtract ? c.b.sub(a, b) : c.b.add(a, b)};
+    };
+  };
+  for (auto n : {"aten::add.Tensor", "aten::add.Scalar"}) add_rule(n, add_like(false));
+  for (auto n : {"aten::sub.Tensor", "aten::sub.Scalar"}) add_rule(n, add_like(true));
+  // rsub(a, b, alpha) = b - alpha * a
+  for (auto n : {"aten::rsub.Tensor", "aten::rsub.Scalar"})
+    add_rule(n, [](Ctx& c) -> V {
+      DType t = c.odt();
+      Value a = c.in_out(0, t), b = c.in_out(1, t);
+      if (c.has(2) && c.num(2) != 1.0) a = c.b.mul(a, c.in_out(2, t));
+      return {c.b.sub(b, a)};
+    });
+  for (auto n : {"aten::mul.Tensor", "aten::mul.Scalar"}) add_rule(n, binary("multiply"));
+  for (auto n : {"aten::div.Tensor", "aten::div.Scalar"}) add_rule(n, [](Ctx& c) { return div_mode(c, 99); });
+  for (auto n : {"aten::div.Tensor_mode", "aten::div.Scalar_mode"}) add_rule(n, [](Ctx& c) { return div_mode(c, 2); });
+  add_rule("aten::floor_divide", [](Ctx& c) -> V {
+    Value a = c.in_out(0, c.odt()), d = c.in_out(1, c.odt());
+    Value q = c.b.div(a, d);
+    return {hlo::is_int(c.odt()) ? q : c.b.unary("floor", q)};
+  });
+  for (auto n : {"aten::maximum", "aten::max.other"}) add_rule(n, binary("maximum"));
+  for (auto n : {"aten::minimum", "aten::min.other"}) add_rule(n, binary("minimum"));
+  for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"}) add_rule(n, binary_fn(remainder));
+  for (auto n : {"aten::fmod.Tensor", "aten::fmod.Scalar"}) add_rule(n, binary("remainder"));
+  add_rule("aten::atan2", binary_fn([](Builder& b, Value y, Value x) { return b.binary("atan2", y, x); }));
+  add_rule("aten::pow.Tensor_Scalar", pow_scalar);
+  add_rule("aten::pow.Tensor_Tensor", binary("power"));
+  add_rule("aten::pow.Scalar", binary("power"));
+  for (auto n : {"aten::clamp", "aten::clamp.Tensor"}) add_rule(n, clamp);
+  for (auto n : {"aten::clamp_min", "aten::clamp_min.Tensor"})
+    add_rule(n, [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
+  for (auto n : {"aten::clamp_max", "aten::clamp_max.Tensor"})
+    add_rule(n, [](Ctx& c) -> V { return {c.b.min(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
+  // lerp(a, b, w) = a + w * (b - a)
+  for (auto n : {"aten::lerp.Scalar", "aten::lerp.Tensor"})
+    add_rule(n, [](Ctx& c) -> V {
+      DType t = c.odt();
+      Value a = c.in_out(0, t), b = c.in_out(1, t), w = c.in_out(2, t);
+      return {c.b.add(a, c.b.mul(w, c.b.sub(b, a)))};
+    });
+  // addcmul(s, t1, t2, value) = s + value * t1 * t2 ; addcdiv: s + value * t1 / t2
+  for (bool is_div : {false, true})
+    add_rule(is_div ? "aten::addcdiv" : "aten::addcmul", [is_div](Ctx& c) -> V {
+      DType t = c.odt();
+      Value s = c.in_out(0, t), a = c.in_out(1, t), b = c.in_out(2, t);
+      Value p = is_div ? c.b.div(a, b) : c.b.mul(a, b);
+      if (!c.has(3) || c.num(3) != 1.0) p = c.b.mul(c.in_out(3, t), p);
+      return {c.b.add(s, p)};
+    });
+
+  // ---- unary math (table rows over the generic unary rules)
+  const std::pair<const char*, const char*> simple[] = {
+      {"aten::neg", "negate"}, {"aten::abs", "abs"}, {"aten::exp", "exponential"}, {"aten::log", "log"},
+      {"aten::log1p", "log_plus_one"}, {"aten::expm1", "exponential_minus_one"}, {"aten::sqrt", "sqrt"},
+      {"aten::rsqrt", "rsqrt"}, {"aten::sin", "sine"}, {"aten::cos", "cosine"}, {"aten::tan", "tan"},
+      {"aten::tanh", "tanh"}, {"aten::sigmoid", "logistic"}, {"aten::floor", "floor"}, {"aten::ceil", "ceil"},
+      {"aten::round", "round_nearest_even"}, {"aten::sign", "sign"}, {"aten::sgn", "sign"},
+      {"aten::bitwise_not", "not"}, {"aten::cbrt", "cbrt"},
+  };
+  for (auto& [n, op] : simple) add_rule(n, unary(op));
+  add_rule("aten::trunc", unary_fn(trunc));
+  add_rule("aten::frac", unary_fn([](Builder& b, Value x) { return b.sub(x, trunc(b, x)); }));
+  add_rule("aten::reciprocal", unary_fn([](Builder& b, Value x) { return b.div(k(b, 1, x), x); }));
+  add_rule("aten::log2", unary_fn([](Builder& b, Value x) { return b.mul(b.unary("log", x), k(b, M_LOG2E, x)); }));
+  add_rule("aten::log10", unary_fn([](Builder& b, Value x) { return b.mul(b.unary("log", x), k(b, M_LOG10E, x)); }));
+  add_rule("aten::exp2", unary_fn([](Builder& b, Value x) { return b.unary("exponential", b.mul(x, k(b, M_LN2, x))); }));
+  add_rule("aten::erf", unary_fn(erf));
+  add_rule("aten::erfc", unary_fn([](Builder& b, Value x) { return b.sub(k(b, 1, x), erf(b, x)); }));
+  add_rule("aten::sinh", unary_fn([](Builder& b, Value x) {
+    return b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
+  }));
+  add_rule("aten::cosh", unary_fn([](Builder& b, Value x) {
+    return b.mul(k(b, 0.5, x), b.add(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
+  }));
+  add_rule("aten::atan", unary_fn([](Builder& b, Value x) { return b.binary("atan2", x, k(b, 1, x)); }));
+  // asin(x) = atan2(x, sqrt(1 - x^2)); acos(x) = atan2(sqrt(1 - x^2), x)
+  add_rule("aten::asin", unary_fn([](Builder& b, Value x) {
+    return b.binary("atan2", x, b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))));
+  }));
+  add_rule("aten::acos", unary_fn([](Builder& b, Value x) {
+    return b.binary("atan2", b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))), x);
+  }));
+  add_rule("aten::isnan", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    return {c.b.compare(x, x, Cmp::NE)};
+  });
+  add_rule("aten::isinf", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (!hlo::is_float(x.dtype())) return {c.b.constant_int(0, DType::Pred, x.shape())};
+    return {c.b.compare(c.b.unary("abs", x), c.b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ)};
+  });
+  add_rule("aten::isfinite", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (!hlo::is_float(x.dtype())) return {c.b.constant_int(1, DType::Pred, x.shape())};
+    return {c.b.emit("is_finite", {x}, Type{DType::Pred, x.shape()})};
+  });
+  add_rule("aten::logical_not", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    Value r = x.dtype() == DType::Pred ? c.b.unary("not", x) : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), Cmp::EQ);
+    return {r};
+  });
+
+  // ---- comparisons and logical ops
+  const std::pair<const char*, Cmp> cmps[] = {{"eq", Cmp::EQ}, {"ne", Cmp::NE}, {"lt", Cmp::LT},
+                                              {"le", Cmp::LE}, {"gt", Cmp::GT}, {"ge", Cmp::GE}};
+  for (auto& [n, dir] : cmps) {
+    add_rule(std::string("aten::") + n + ".Tensor", compare(dir));
+    add_rule(std::string("aten::") + n + ".Scalar", compare(dir));
+  }
+  add_rule("aten::logical_and", logical("and"));
+  add_rule("aten::logical_or", logical("or"));
+  add_rule("aten::logical_xor", logical("xor"));
+  for (auto [n, op] : {std::pair{"and", "and"}, {"or", "or"}, {"xor", "xor"}}) {
+    add_rule(std::string("aten::bitwise_") + n + ".Tensor", binary(op));
+    add_rule(std::string("aten::bitwise_") + n + ".Scalar", binary(op));
+  }
+
+  // ---- where / masked_fill / fill
+  add_rule("aten::where.self", [](Ctx& c) -> V {
+    Value p = c.in_as(0, DType::Pred, c.oshape());
+    return {c.b.select(p, c.in_out(1, c.odt()), c.in_out(2, c.odt()))};
+  });
+  for (auto n : {"aten::masked_fill.Scalar", "aten::masked_fill.Tensor"})
+    add_rule(n, [](Ctx& c) -> V {
+      Value p = c.in_as(1, DType::Pred, c.oshape());
+      return {c.b.select(p, c.in_out(2, c.odt()), c.in_out(0, c.odt()))};
+    });
+  for (auto n : {"aten::fill.Scalar", "aten::fill.Tensor"})
+    add_rule(n, [](Ctx& c) -> V { return {c.in_out(1, c.odt())}; });
+  add_rule("aten::zero", [](Ctx& c) -> V { return {c.b.zeros(c.odt(), c.oshape())}; });
+
+  // ---- activations
+  add_rule("aten::relu", unary_fn([](Builder& b, Value x) { return b.max(x, k(b, 0, x)); }));
+  add_rule("aten::gelu", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    bool tanh_form = c.has(1) && c.str(1) == "tanh";
+    return {c.b.convert(gelu(c.b, c.in_out(0, t), tanh_form), c.odt())};
+  });
+  add_rule("aten::silu", unary_fn([](Builder& b, Value x) { return b.mul(x, sigmoid(b, x)); }));
+  add_rule("aten::mish", unary_fn([](Builder& b, Value x) {
+    Value sp = b.unary("log_plus_one", b.unary("exponential", x));
+    return b.mul(x, b.unary("tanh", sp));
+  }));
+  add_rule("aten::hardtanh", [](Ctx& c) -> V {
+    DType t = c.odt();
+    return {c.b.clamp(c.in_out(1, t), c.in_out(0, t), c.in_out(2, t))};
+  });
+  add_rule("aten::leaky_relu", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Value x = c.in_out(0, t);
+    Value neg = c.b.mul(x, c.scalar_or(1, 0.01, t));
+    return {c.b.select(c.b.compare(x, k(c.b, 0, x), Cmp::GT), x, neg)};
+  });
+  // elu(x) = x > 0 ? scale * x : scale * alpha * (exp(x * input_scale) - 1)
+  add_rule("aten::elu", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value x = c.in_out(0, t);
+    Value alpha = c.in_out(1, t), scale = c.in_out(2, t), iscale = c.in_out(3, t);
+    Value neg = b.mul(alpha, b.unary("exponential_minus_one", b.mul(x, iscale)));
+    return {b.convert(b.mul(scale, b.select(b.compare(x, k(b, 0, x), Cmp::GT), x, neg)), c.odt())};
+  });
+  // softplus(x) = x * beta > threshold ? x : log1p(exp(beta x)) / beta
+  add_rule("aten::softplus", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value x = c.in_out(0, t), beta = c.in_out(1, t), th = c.in_out(2, t);
+    Value bx = b.mul(x, beta);
+    Value soft = b.div(b.unary("log_plus_one", b.unary("exponential", bx)), beta);
+    return {b.convert(b.select(b.compare(bx, th, Cmp::GT), x, soft), c.odt())};
+  });
+  add_rule("aten::hardsigmoid", unary_fn([](Builder& b, Value x) {
+    return b.div(b.clamp(k(b, 0, x), b.add(x, k(b, 3, x)), k(b, 6, x)), k(b, 6, x));
+  }));
+  add_rule("aten::hardswish", unary_fn([](Builder& b, Value x) {
+    return b.mul(x, b.div(b.clamp(k(b, 0, x), b.add(x, k(b, 3, x)), k(b, 6, x)), k(b, 6, x)));
+  }));
+
+  // ---- activation backward kernels (grad first)
+  // threshold_backward(g, x, th) = x <= th ? 0 : g
+  add_rule("aten::threshold_backward", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    return {c.b.select(c.b.compare(x, c.in_out(2, t), Cmp::LE), k(c.b, 0, g), g)};
+  });
+  add_rule("aten::gelu_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    bool tanh_form = c.has(2) && c.str(2) == "tanh";
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    return {c.b.convert(c.b.mul(g, gelu_grad(c.b, x, tanh_form)), c.odt())};
+  });
+  // silu'(x) = s (1 + x (1 - s)), s = sigmoid(x)
+  add_rule("aten::silu_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    Value s = sigmoid(b, x);
+    Value d = b.mul(s, b.add(k(b, 1, x), b.mul(x, b.sub(k(b, 1, x), s))));
+    return {b.convert(b.mul(g, d), c.odt())};
+  });
+  // sigmoid_backward(g, y) = g y (1 - y); tanh_backward(g, y) = g (1 - y^2)
+  add_rule("aten::sigmoid_backward", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Value g = c.in_out(0, t), y = c.in_out(1, t);
+    return {c.b.mul(g, c.b.mul(y, c.b.sub(k(c.b, 1, y), y)))};
+  });
+  add_rule("aten::tanh_backward", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Value g = c.in_out(0, t), y = c.in_out(1, t);
+    return {c.b.mul(g, c.b.sub(k(c.b, 1, y), c.b.mul(y, y)))};
+  });
+  // hardtanh_backward(g, x, lo, hi) = lo < x < hi ? g : 0
+  add_rule("aten::hardtanh_backward", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    Value inside = b.binary("and", b.compare(x, c.in_out(2, t), Cmp::GT), b.compare(x, c.in_out(3, t), Cmp::LT));
+    return {b.select(inside, g, k(b, 0, g))};
+  });
+  // leaky_relu_backward(g, x, slope, self_is_result) = x > 0 ? g : g * slope
+  add_rule("aten::leaky_relu_backward", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    return {c.b.select(c.b.compare(x, k(c.b, 0, x), Cmp::GT), g, c.b.mul(g, c.in_out(2, t)))};
+  });
+  // softplus_backward(g, x, beta, th) = bx > th ? g : g * sigmoid(bx)
+  add_rule("aten::softplus_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    Value bx = b.mul(x, c.in_out(2, t));
+    return {b.convert(b.select(b.compare(bx, c.in_out(3, t), Cmp::GT), g, b.mul(g, sigmoid(b, bx))), c.odt())};
+  });
+}
+
+}  // namespace tt::lower

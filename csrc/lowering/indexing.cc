@@ -1,0 +1,233 @@
+// Indexing/scatter family: index_select, gather, scatter(_add), index (advanced
+// indexing), index_put, index_add, embedding backward.
+// Negative indices wrap as in PyTorch; out-of-range indices are clamped by the
+// StableHLO gather semantics (PyTorch would raise; see docs/STATUS.md).
+#include "lowering/lowering.h"
+
+namespace tt::lower {
+namespace {
+using V = std::vector<Value>;
+
+// idx + size where idx < 0
+Value wrap_index(Builder& b, Value idx, int64_t size) {
+  idx = b.convert(idx, DType::S64);
+  Value zero = b.zeros(DType::S64, idx.shape());
+  Value n = b.constant_int(size, DType::S64, idx.shape());
+  return b.select(b.compare(idx, zero, hlo::Cmp::LT), b.add(idx, n), idx);
+}
+
+// Full coordinates for torch.gather/scatter style indexing: [numel(idx), rank]
+Value coords_along(Builder& b, Value idx, int64_t dim, int64_t rank) {
+  Shape s = idx.shape();
+  int64_t n = hlo::numel(s);
+  std::vector<Value> comps;
+  for (int64_t d = 0; d < rank; ++d) {
+    Value comp = d == dim ? idx : b.iota(DType::S64, s, d);
+    comps.push_back(b.reshape(comp, {n, 1}));
+  }
+  return b.concatenate(comps, 1);
+}
+
+// scatter(self, dim, index, src|value, reduce?) with replace or add
+V scatter_along(Ctx& c, bool add, bool src_is_tensor) {
+  Builder& b = c.b;
+  Value x = b.convert(c.in(0), c.odt());
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  Value idx = c.in(2);
+  if (hlo::numel(idx.shape()) == 0) return {x};
+  if (x.rank() == 0) {
+    x = b.reshape(x, {1});
+    idx = b.reshape(idx, {1});
+  }
+  idx = wrap_index(b, idx, x.shape()[dim]);
+  int64_t n = hlo::numel(idx.shape());
+  Value upd;
+  if (src_is_tensor) {
+    Value src = b.convert(c.in(3), c.odt());
+    if (src.rank() == 0) src = b.reshape(src, Shape(idx.rank(), 1));
+    Shape lim = idx.shape();
+    upd = b.slice(b.broadcast_to(src, src.shape()), Shape(idx.rank(), 0), lim, Shape(idx.rank(), 1));
+  } else {
+    upd = b.broadcast_to(c.scalar(3, c.odt()), idx.shape());
+  }
+  std::string reduce = c.nargs() > 4 && c.has(4) ? c.str(4) : "";
+  if (reduce == "add" || reduce == "sum") add = true;
+  else if (!reduce.empty()) throw Unsupported("scatter reduce=" + reduce);
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
+  Value out = b.scatter(x, coords_along(b, idx, dim, x.rank()), b.reshape(upd, {n}), all, add ? "add" : "");
+  return {b.reshape(out, c.oshape())};
+}
+
+struct Advanced {
+  std::vector<int64_t> dims;  // indexed dims of self
+  Value coords;               // [N, dims.size()]
+  Shape bshape;               // broadcast index shape
+  bool adjacent;              // indexed dims consecutive: result dims go at dims[0]
+};
+
+// Broadcasts the non-None index tensors of Tensor?[] `indices` (bool masks are
+// not handled here: they have data-dependent shapes).
+Advanced advanced(Ctx& c, Value x, const std::vector<Value>& indices) {
+  Builder& b = c.b;
+  Advanced a;
+  std::vector<Value> idx;
+  for (size_t d = 0; d < indices.size(); ++d) {
+    if (!indices[d].valid()) continue;
+    if (indices[d].dtype() == DType::Pred || indices[d].dtype() == DType::U8)
+      throw Unsupported("boolean mask indexing");
+    a.dims.push_back(static_cast<int64_t>(d));
+    idx.push_back(indices[d]);
+  }
+  for (auto& v : idx) {  // broadcast shape
+    const Shape& s = v.shape();
+    if (s.size() > a.bshape.size()) a.bshape.insert(a.bshape.begin(), s.size() - a.bshape.size(), 1);
+    for (size_t i = 0; i < s.size(); ++i) {
+      size_t j = a.bshape.size() - s.size() + i;
+      if (s[i] != 1) a.bshape[j] = s[i];
+    }
+  }
+  a.adjacent = true;
+  for (size_t i = 1; i < a.dims.size(); ++i) a.adjacent &= a.dims[i] == a.dims[i - 1] + 1;
+  int64_t n = hlo::numel(a.bshape);
+  std::vector<Value> comps;
+  for (size_t i = 0; i < idx.size(); ++i) {
+    Value w = wrap_index(b, b.broadcast_to(idx[i], a.bshape), x.shape()[a.dims[i]]);
+    comps.push_back(b.reshape(w, {n, 1}));
+  }
+  a.coords = b.concatenate(comps, 1);
+  return a;
+}
+
+// Shape of x[indices]: batch dims B at dims[0] when adjacent, else in front.
+void index_layout(const Value& x, const Advanced& a, Shape* out, std::vector<int64_t>* offset_dims,
+                  Shape* rest) {
+  auto indexed = [&](int64_t d) {
+    for (int64_t e : a.dims) if (e == d) return true;
+    return false;
+  };
+  int64_t pos = 0;
+  bool placed = false;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    if (indexed(d)) {
+      if (!placed && a.adjacent) {
+        for (int64_t s : a.bshape) out->push_back(s);
+        pos += static_cast<int64_t>(a.bshape.size());
+        placed = true;
+      }
+      continue;
+    }
+    rest->push_back(x.shape()[d]);
+    offset_dims->push_back(pos + (a.adjacent ? 0 : static_cast<int64_t>(a.bshape.size())));
+    out->push_back(x.shape()[d]);
+    ++pos;
+  }
+  if (!a.adjacent) out->insert(out->begin(), a.bshape.begin(), a.bshape.end());
+}
+
+}  // namespace
+
+void register_indexing() {
+  add_rule("aten::index_select", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value idx = wrap_index(c.b, c.in(2), x.shape()[dim]);
+    return {c.b.reshape(c.b.take(x, idx, dim), c.oshape())};
+  });
+  // gather(x, dim, idx): out[i...] = x[..., idx[i...], ...]
+  add_rule("aten::gather", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value idx = wrap_index(c.b, c.in(2), x.shape()[dim]);
+    return {c.b.take_along(x, idx, dim)};
+  });
+  add_rule("aten::scatter.src", [](Ctx& c) { return scatter_along(c, false, true); });
+  add_rule("aten::scatter.value", [](Ctx& c) { return scatter_along(c, false, false); });
+  add_rule("aten::scatter.reduce", [](Ctx& c) { return scatter_along(c, false, true); });
+  add_rule("aten::scatter.value_reduce", [](Ctx& c) { return scatter_along(c, false, false); });
+  add_rule("aten::scatter_add", [](Ctx& c) { return scatter_along(c, true, true); });
+  // index(x, indices): advanced indexing as one gather
+  add_rule("aten::index.Tensor", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    Advanced a = advanced(c, x, c.list(1));
+    Shape out, rest;
+    std::vector<int64_t> offset_dims;
+    index_layout(x, a, &out, &offset_dims, &rest);
+    Shape sizes = x.shape();
+    for (int64_t d : a.dims) sizes[d] = 1;
+    Shape ishape = a.bshape;
+    ishape.push_back(static_cast<int64_t>(a.dims.size()));
+    Value coords = b.reshape(a.coords, ishape);
+    std::string attrs = "dimension_numbers = #stablehlo.gather<" +
+                        (offset_dims.empty() ? std::string() : "offset_dims = [" + hlo::join(offset_dims) + "], ") +
+                        "collapsed_slice_dims = [" + hlo::join(a.dims) + "], start_index_map = [" +
+                        hlo::join(a.dims) + "], index_vector_dim = " + std::to_string(a.bshape.size()) +
+                        ">, slice_sizes = " + hlo::i64_array(sizes) + ", indices_are_sorted = false";
+    return {b.emit("gather", {x, coords}, Type{x.dtype(), out}, attrs)};
+  });
+  // index_put(x, indices, values, accumulate): scatter of values broadcast to x[indices]
+  add_rule("aten::index_put", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    Advanced a = advanced(c, x, c.list(1));
+    Shape out, rest;
+    std::vector<int64_t> offset_dims;
+    index_layout(x, a, &out, &offset_dims, &rest);
+    Value vals = b.broadcast_to(b.convert(c.in(2), x.dtype()), out);
+    // move batch dims to the front: [B..., rest...]
+    int64_t nb = static_cast<int64_t>(a.bshape.size());
+    std::vector<int64_t> perm;
+    for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
+      bool is_off = false;
+      for (int64_t o : offset_dims) is_off |= o == i;
+      if (!is_off) perm.push_back(i);
+    }
+    for (int64_t o : offset_dims) perm.push_back(o);
+    vals = b.transpose(vals, perm);
+    Shape us{hlo::numel(a.bshape)};
+    for (int64_t s : rest) us.push_back(s);
+    vals = b.reshape(vals, us);
+    (void)nb;
+    bool acc = c.flag_or(3, false);
+    return {b.scatter(x, a.coords, vals, a.dims, acc ? "add" : "")};
+  });
+  // index_add(x, dim, idx, src, alpha) = x with x[.., idx[i], ..] += alpha * src[.., i, ..]
+  add_rule("aten::index_add", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    if (x.rank() == 0) throw Unsupported("index_add on a 0-dim tensor");
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value idx = wrap_index(b, c.in(2), x.shape()[dim]);
+    Value src = b.convert(c.in(3), x.dtype());
+    if (c.has(4) && c.num(4) != 1.0) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
+    std::vector<int64_t> perm{dim};
+    for (int64_t d = 0; d < x.rank(); ++d)
+      if (d != dim) perm.push_back(d);
+    src = b.transpose(src, perm);
+    int64_t n = hlo::numel(idx.shape());
+    return {b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, "add")};
+  });
+  // embedding_dense_backward(g, idx, num_weights, padding_idx, scale_grad_by_freq)
+  add_rule("aten::embedding_dense_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    if (c.flag_or(4, false)) throw Unsupported("embedding backward with scale_grad_by_freq");
+    Value g = b.convert(c.in(0), compute_type(c.odt()));
+    Value idx = b.convert(c.in(1), DType::S64);
+    int64_t nw = c.int_(2), pad = c.int_(3);
+    int64_t n = hlo::numel(idx.shape());
+    int64_t dmodel = c.oshape()[1];
+    Value rows = b.reshape(g, {n, dmodel});
+    Value flat = b.reshape(idx, {n});
+    if (pad >= 0) {
+      Value keep = b.compare(flat, b.constant_int(pad, DType::S64, {n}), hlo::Cmp::NE);
+      rows = b.select(b.broadcast_in_dim(keep, {n, dmodel}, {0}), rows, b.zeros(rows.dtype(), rows.shape()));
+    }
+    Value zeros = b.zeros(rows.dtype(), {nw, dmodel});
+    return {b.scatter(zeros, b.reshape(flat, {n, 1}), rows, {0}, "add")};
+  });
+}
+
+}  // namespace tt::lower

@@ -1,0 +1,142 @@
+// ATen op -> StableHLO lowering rules, looked up by schema name
+// ("aten::add.Tensor"). One file per op family registers its rules; simple ops
+// are table rows over a generic family rule.
+//
+// A rule sees each schema argument as an Arg: tensors are graph values with
+// their logical shape (never strides), Python numbers are runtime scalars (the
+// rule chooses to bind them as program parameters with `scalar`, or to read
+// them structurally with `num`, which puts them into the program text), and
+// ints / int lists / bools / strings are structural. A rule returns one value
+// per schema return, shaped and typed as `out(k)` (the Meta kernel's result);
+// the engine converts element types and reshapes equal-sized results.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hlo/builder.h"
+
+namespace tt::lower {
+
+using hlo::Builder;
+using hlo::DType;
+using hlo::Shape;
+using hlo::Type;
+using hlo::Value;
+
+enum class Precision { DEFAULT = 0, HIGH = 1, HIGHEST = 2 };
+
+struct Arg {
+  enum Kind { None, Tensor, TensorList, Int, Scalar, Bool, IntList, Str } kind = None;
+  Value tensor;
+  std::vector<Value> tensors;  // invalid entries stand for None in Tensor?[]
+  int64_t i = 0;
+  double d = 0;                // Scalar value
+  bool scalar_is_int = false;  // Scalar came from a Python int (or bool)
+  bool scalar_is_bool = false;
+  bool b = false;
+  std::vector<int64_t> ints;
+  std::string s;
+  // A 0-dim CPU tensor passed where a tensor goes (e.g. `x * 0.5`): `tensor`
+  // is its runtime scalar parameter; wrapped numbers do not promote dtypes.
+  bool wrapped_number = false;
+};
+
+// What a rule may ask of the engine that runs it.
+class Env {
+ public:
+  virtual ~Env() = default;
+  // A program parameter holding `v` as a scalar of type t.
+  virtual Value scalar_param(double v, bool is_int, DType t) = 0;
+  // Two ui32 scalar parameters (key, counter base) for `n` counter-based random
+  // words; advances the device generator by n.
+  virtual std::pair<Value, Value> rng(int64_t n) = 0;
+  virtual Precision precision() const = 0;
+};
+
+// Thrown by a rule for an argument combination it does not lower; the op then
+// takes the CPU fallback path (with its warning), exactly like an op without a rule.
+class Unsupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Ctx {
+ public:
+  Ctx(Builder& b, Env& env, std::vector<Arg> args, std::vector<Type> outs)
+      : b(b), env(env), args_(std::move(args)), outs_(std::move(outs)) {}
+  Builder& b;
+  Env& env;
+
+  size_t nargs() const { return args_.size(); }
+  const Arg& arg(size_t i) const;
+  bool has(size_t i) const { return i < args_.size() && args_[i].kind != Arg::None; }
+  Value in(size_t i) const;                           // a tensor argument
+  const std::vector<Value>& list(size_t i) const;     // a Tensor[] argument
+  int64_t int_(size_t i) const;
+  int64_t int_or(size_t i, int64_t dflt) const { return has(i) ? int_(i) : dflt; }
+  bool flag(size_t i) const;
+  bool flag_or(size_t i, bool dflt) const { return has(i) ? flag(i) : dflt; }
+  const std::vector<int64_t>& ints(size_t i) const;
+  const std::string& str(size_t i) const;
+  double num(size_t i) const;                          // structural read of a scalar
+  double num_or(size_t i, double dflt) const { return has(i) ? num(i) : dflt; }
+  // A scalar argument bound as a runtime parameter of type t (no recompiles
+  // when it changes).
+  Value scalar(size_t i, DType t);
+  Value scalar_or(size_t i, double dflt, DType t);
+
+  size_t nouts() const { return outs_.size(); }
+  const Type& out(size_t k = 0) const;
+  DType odt(size_t k = 0) const { return out(k).dtype; }
+  const Shape& oshape(size_t k = 0) const { return out(k).shape; }
+
+  // Tensor argument i converted to dtype t and broadcast to shape s.
+  Value in_as(size_t i, DType t, const Shape& s);
+  // Tensor argument i as dtype t, broadcast to the first output's shape.
+  Value in_out(size_t i, DType t) { return in_as(i, t, oshape()); }
+
+ private:
+  std::vector<Arg> args_;
+  std::vector<Type> outs_;
+};
+
+using Rule = std::function<std::vector<Value>(Ctx&)>;
+
+// The registry: the single list of natively supported ops.
+void add_rule(const std::string& schema_name, Rule r);
+const Rule* find_rule(const std::string& schema_name);
+std::vector<std::string> rule_names();
+
+// ---- shared helpers (defined in common.cc)
+int64_t wrap_dim(int64_t d, int64_t rank);
+std::vector<int64_t> reduce_dims(const Ctx& c, size_t dim_arg, int64_t rank);  // None / [] -> all
+DType promote(DType a, DType b);
+DType compute_type(DType t);  // f16/bf16 -> f32 (accumulation type), else t
+// The one place matmul-like ops contract: float32 operands follow the active
+// precision mode; bf16/f16 multiply in their own type with f32 accumulation.
+Value matmul(Ctx& c, Value a, Value b, const hlo::DotDims& d, DType out);
+// The same for any bilinear contraction `op` (convolutions): op(x, y) must
+// accept bf16 operands and produce f32 (or x's type for f64/int).
+Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)>& op, DType out);
+// Sum of x over dims in the accumulation type, converted back to x's type when keep_type.
+Value sum(Builder& b, Value x, const std::vector<int64_t>& dims);
+Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<int64_t>& dims);
+// Counter-based uniform [0,1) floats of shape s (f32).
+Value uniform01(Ctx& c, const Shape& s);
+Value normal01(Ctx& c, const Shape& s);
+
+// Family registration (called once from register_all).
+void register_elementwise();
+void register_reduction();
+void register_shape();
+void register_indexing();
+void register_linalg();
+void register_nn();
+void register_random();
+void register_all();
+
+}  // namespace tt::lower

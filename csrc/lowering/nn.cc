@@ -1,0 +1,401 @@
+// nn family: softmax, layer norm, losses, dropout, convolution, pooling, and
+// their backward kernels.
+#include "lowering/lowering.h"
+
+namespace tt::lower {
+namespace {
+using V = std::vector<Value>;
+using hlo::Cmp;
+
+std::vector<int64_t> all_dims(int64_t r) {
+  std::vector<int64_t> v(r);
+  for (int64_t i = 0; i < r; ++i) v[i] = i;
+  return v;
+}
+// reduce x over `dims` and broadcast the result back to x's shape
+Value reduce_bcast(Builder& b, Value x, const std::vector<int64_t>& dims, const std::string& op, Value init) {
+  Value r = b.reduce(x, init, dims, op);
+  return b.broadcast_in_dim(keep_dims(b, r, x.shape(), dims), x.shape(), all_dims(x.rank()));
+}
+
+// softmax(x) = exp(x - max) / sum(exp(x - max)); log_softmax = (x - max) - log(sum)
+Rule softmax(bool log) {
+  return [log](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = b.convert(c.in(0), compute_type(c.odt()));
+    if (x.rank() == 0) return {log ? b.zeros(c.odt(), {}) : b.constant(1, c.odt())};
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value m = reduce_bcast(b, x, {dim}, "maximum", b.lowest(x.dtype()));
+    m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(m.dtype(), m.shape()));
+    Value z = b.sub(x, m);
+    Value e = b.unary("exponential", z);
+    Value s = reduce_bcast(b, e, {dim}, "add", b.zeros(x.dtype(), {}));
+    return {b.convert(log ? b.sub(z, b.unary("log", s)) : b.div(e, s), c.odt())};
+  };
+}
+
+Value norm_dims_bcast(Builder& b, Value v, const Shape& full, int64_t axis) {
+  // mean/rstd have shape full[:axis] + [1]*...; broadcast over the normalized dims
+  Shape s(full.begin(), full.begin() + axis);
+  Value r = b.reshape(v, s);
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < axis; ++i) dims.push_back(i);
+  return b.broadcast_in_dim(r, full, dims);
+}
+Value param_bcast(Builder& b, Value w, const Shape& full, int64_t axis, DType t) {
+  std::vector<int64_t> dims;
+  for (int64_t i = axis; i < static_cast<int64_t>(full.size()); ++i) dims.push_back(i);
+  return b.broadcast_in_dim(b.convert(w, t), full, dims);
+}
+
+// Layout of a convolution: batch 0, feature 1, spatial 2.. for input/output;
+// weight out 0, in 1, spatial 2.. (or in/out swapped).
+hlo::ConvDims conv_dims(int64_t n_spatial, bool swap_kernel_io) {
+  hlo::ConvDims d;
+  for (int64_t i = 0; i < n_spatial; ++i) {
+    d.in_spatial.push_back(2 + i);
+    d.k_spatial.push_back(2 + i);
+    d.out_spatial.push_back(2 + i);
+  }
+  if (swap_kernel_io) {
+    d.k_out = 1;
+    d.k_in = 0;
+  }
+  return d;
+}
+
+// One convolution through the precision helper.
+Value conv(Ctx& c, Value lhs, Value rhs, const hlo::ConvDims& d, const Shape& strides,
+           const std::vector<std::pair<int64_t, int64_t>>& pad, const Shape& lhs_dil, const Shape& rhs_dil,
+           int64_t groups, const Shape& out_shape, DType out) {
+  auto op = [&](Value x, Value y) {
+    DType acc = (x.dtype() == DType::BF16 || x.dtype() == DType::F16) ? DType::F32 : x.dtype();
+    return c.b.convolution(x, y, d, strides, pad, lhs_dil, rhs_dil, groups, out_shape, acc);
+  };
+  return contract(c, lhs, rhs, op, out);
+}
+
+Shape ints_n(const std::vector<int64_t>& v, size_t n, int64_t dflt) {
+  if (v.empty()) return Shape(n, dflt);
+  if (v.size() == 1) return Shape(n, v[0]);
+  return Shape(v.begin(), v.end());
+}
+
+// grad of x for y = conv(x, w): a transposed convolution of g with the flipped kernel.
+Value conv_input_grad(Ctx& c, Value g, Value w, const Shape& in_shape, const Shape& stride, const Shape& pad,
+                      const Shape& dil, DType out) {
+  int64_t ns = static_cast<int64_t>(in_shape.size()) - 2;
+  std::vector<std::pair<int64_t, int64_t>> p;
+  std::vector<int64_t> spatial;
+  for (int64_t i = 0; i < ns; ++i) {
+    int64_t k = w.shape()[2 + i];
+    int64_t extra = (in_shape[2 + i] + 2 * pad[i] - dil[i] * (k - 1) - 1) % stride[i];
+    int64_t lo = dil[i] * (k - 1) - pad[i];
+    p.push_back({lo, lo + extra});
+    spatial.push_back(2 + i);
+  }
+  Value wf = c.b.reverse(w, spatial);
+  return conv(c, g, wf, conv_dims(ns, true), Shape(ns, 1), p, stride, dil, 1, in_shape, out);
+}
+
+// grad of w: correlate the input with g, batch acting as the contracted feature.
+Value conv_weight_grad(Ctx& c, Value x, Value g, const Shape& w_shape, const Shape& stride, const Shape& pad,
+                       const Shape& dil, DType out) {
+  int64_t ns = static_cast<int64_t>(w_shape.size()) - 2;
+  hlo::ConvDims d = conv_dims(ns, false);
+  d.in_batch = 1;
+  d.in_feature = 0;
+  d.k_in = 0;
+  d.k_out = 1;
+  d.out_batch = 1;
+  d.out_feature = 0;
+  std::vector<std::pair<int64_t, int64_t>> p;
+  for (int64_t i = 0; i < ns; ++i) {
+    int64_t k = w_shape[2 + i];
+    int64_t extra = (x.shape()[2 + i] + 2 * pad[i] - dil[i] * (k - 1) - 1) % stride[i];
+    p.push_back({pad[i], pad[i] - extra});
+  }
+  return conv(c, x, g, d, dil, p, Shape(ns, 1), stride, 1, w_shape, out);
+}
+
+}  // namespace
+
+void register_nn() {
+  add_rule("aten::_softmax", softmax(false));
+  add_rule("aten::_log_softmax", softmax(true));
+  // softmax backward: y * (g - sum(g * y)); log_softmax backward: g - exp(y) * sum(g)
+  add_rule("aten::_softmax_backward_data", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value g = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
+    if (g.rank() == 0) return {b.zeros(c.odt(), {})};
+    int64_t dim = wrap_dim(c.int_(2), g.rank());
+    Value s = reduce_bcast(b, b.mul(g, y), {dim}, "add", b.zeros(t, {}));
+    return {b.convert(b.mul(y, b.sub(g, s)), c.odt())};
+  });
+  add_rule("aten::_log_softmax_backward_data", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value g = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
+    if (g.rank() == 0) return {b.zeros(c.odt(), {})};
+    int64_t dim = wrap_dim(c.int_(2), g.rank());
+    Value s = reduce_bcast(b, g, {dim}, "add", b.zeros(t, {}));
+    return {b.convert(b.sub(g, b.mul(b.unary("exponential", y), s)), c.odt())};
+  });
+
+  // native_layer_norm(x, shape, w?, b?, eps) -> (y, mean, rstd)
+  add_rule("aten::native_layer_norm", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x0 = c.in(0);
+    DType t = compute_type(x0.dtype());
+    Value x = b.convert(x0, t);
+    int64_t axis = x.rank() - static_cast<int64_t>(c.ints(1).size());
+    std::vector<int64_t> nd;
+    for (int64_t i = axis; i < x.rank(); ++i) nd.push_back(i);
+    double n = 1;
+    for (int64_t d : nd) n *= static_cast<double>(x.shape()[d]);
+    Value mean = b.div(b.reduce(x, b.zeros(t, {}), nd, "add"), b.constant(n, t, Shape(x.shape().begin(), x.shape().begin() + axis)));
+    Value mb = norm_dims_bcast(b, mean, x.shape(), axis);
+    Value xc = b.sub(x, mb);
+    Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), nd, "add"), b.constant(n, t, mean.shape()));
+    Value rstd = b.unary("rsqrt", b.add(var, b.broadcast_to(c.scalar(4, t), var.shape())));
+    Value y = b.mul(xc, norm_dims_bcast(b, rstd, x.shape(), axis));
+    if (c.has(2)) y = b.mul(y, param_bcast(b, c.in(2), x.shape(), axis, t));
+    if (c.has(3)) y = b.add(y, param_bcast(b, c.in(3), x.shape(), axis, t));
+    return {b.convert(y, c.odt(0)), mean, rstd};
+  });
+  // native_layer_norm_backward(g, x, shape, mean, rstd, w?, b?, mask) -> (dx, dw, db)
+  // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)), gw = g * w
+  add_rule("aten::native_layer_norm_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.in(1).dtype());
+    Value g = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
+    int64_t axis = x.rank() - static_cast<int64_t>(c.ints(2).size());
+    std::vector<int64_t> nd, bd;
+    for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? nd : bd).push_back(i);
+    double n = 1;
+    for (int64_t d : nd) n *= static_cast<double>(x.shape()[d]);
+    Value mean = norm_dims_bcast(b, b.convert(c.in(3), t), x.shape(), axis);
+    Value rstd = norm_dims_bcast(b, b.convert(c.in(4), t), x.shape(), axis);
+    Value xhat = b.mul(b.sub(x, mean), rstd);
+    Value gw = c.has(5) ? b.mul(g, param_bcast(b, c.in(5), x.shape(), axis, t)) : g;
+    Value inv_n = b.constant(1.0 / n, t, x.shape());
+    Value m1 = b.mul(reduce_bcast(b, gw, nd, "add", b.zeros(t, {})), inv_n);
+    Value m2 = b.mul(reduce_bcast(b, b.mul(gw, xhat), nd, "add", b.zeros(t, {})), inv_n);
+    Value dx = b.mul(rstd, b.sub(b.sub(gw, m1), b.mul(xhat, m2)));
+    Value dw = b.reduce(b.mul(g, xhat), b.zeros(t, {}), bd, "add");
+    Value db = b.reduce(g, b.zeros(t, {}), bd, "add");
+    return {dx, dw, db};
+  });
+
+  // nll_loss_forward(x, target, w?, reduction, ignore_index) -> (loss, total_weight)
+  add_rule("aten::nll_loss_forward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0), tgt = b.convert(c.in(1), DType::S64);
+    DType t = x.dtype();
+    if (x.rank() == 1) {
+      x = b.reshape(x, {1, x.shape()[0]});
+      tgt = b.reshape(tgt, {1});
+    }
+    int64_t n = x.shape()[0], cls = x.shape()[1];
+    int64_t reduction = c.int_(3);
+    Value ignore = b.constant_int(c.int_(4), DType::S64, {n});
+    Value valid = b.compare(tgt, ignore, Cmp::NE);
+    Value safe = b.select(valid, tgt, b.zeros(DType::S64, {n}));
+    Value picked = b.reshape(b.take_along(x, b.reshape(safe, {n, 1}), 1), {n});
+    Value w = c.has(2) ? b.take(b.convert(c.in(2), t), safe, 0) : b.constant(1, t, {n});
+    w = b.select(valid, w, b.zeros(t, {n}));
+    (void)cls;
+    Value loss = b.neg(b.mul(picked, w));
+    Value total = b.reduce(w, b.zeros(t, {}), {0}, "add");
+    if (reduction == 0) return {loss, total};
+    Value s = b.reduce(loss, b.zeros(t, {}), {0}, "add");
+    if (reduction == 1) s = b.div(s, total);
+    return {s, total};
+  });
+  // nll_loss_backward(g, x, target, w?, reduction, ignore_index, total_weight)
+  // dx[i, target_i] = -w_i * g_i (/ total_weight for mean)
+  add_rule("aten::nll_loss_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(1), tgt = b.convert(c.in(2), DType::S64), g = c.in(0);
+    DType t = x.dtype();
+    Shape orig = x.shape();
+    if (x.rank() == 1) {
+      x = b.reshape(x, {1, x.shape()[0]});
+      tgt = b.reshape(tgt, {1});
+    }
+    int64_t n = x.shape()[0], cls = x.shape()[1];
+    int64_t reduction = c.int_(4);
+    Value valid = b.compare(tgt, b.constant_int(c.int_(5), DType::S64, {n}), Cmp::NE);
+    Value safe = b.select(valid, tgt, b.zeros(DType::S64, {n}));
+    Value w = c.has(3) ? b.take(b.convert(c.in(3), t), safe, 0) : b.constant(1, t, {n});
+    w = b.select(valid, w, b.zeros(t, {n}));
+    Value gv = reduction == 0 ? b.reshape(b.convert(g, t), {n}) : b.broadcast_to(b.convert(g, t), {n});
+    Value coef = b.neg(b.mul(w, gv));
+    if (reduction == 1) coef = b.div(coef, b.broadcast_to(b.convert(c.in(6), t), {n}));
+    Value hit = b.compare(b.iota(DType::S64, {n, cls}, 1), b.broadcast_in_dim(safe, {n, cls}, {0}), Cmp::EQ);
+    Value dx = b.select(hit, b.broadcast_in_dim(coef, {n, cls}, {0}), b.zeros(t, {n, cls}));
+    return {b.reshape(dx, orig)};
+  });
+  // mse_loss(x, y, reduction) = reduce((x - y)^2)
+  add_rule("aten::mse_loss", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value d = b.sub(b.convert(c.in(0), t), b.convert(c.in(1), t));
+    Value sq = b.mul(d, d);
+    int64_t red = c.int_or(2, 1);
+    if (red == 0) return {sq};
+    Value s = b.reduce(sq, b.zeros(t, {}), all_dims(sq.rank()), "add");
+    if (red == 1) s = b.div(s, b.constant(static_cast<double>(hlo::numel(sq.shape())), t));
+    return {s};
+  });
+  add_rule("aten::mse_loss_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(1), t), y = b.convert(c.in(2), t);
+    Value g = b.broadcast_to(b.convert(c.in(0), t), x.shape());
+    Value d = b.mul(b.mul(b.constant(2, t, x.shape()), b.sub(x, y)), g);
+    if (c.int_or(3, 1) == 1) d = b.div(d, b.constant(static_cast<double>(hlo::numel(x.shape())), t, x.shape()));
+    return {d};
+  });
+
+  // native_dropout(x, p, train) -> (x * keep / (1 - p), keep), keep = u >= p
+  add_rule("aten::native_dropout", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    bool train = c.flag_or(2, true);
+    if (!train) return {x, b.constant_int(1, DType::Pred, x.shape())};
+    DType t = compute_type(x.dtype());
+    Value p = c.scalar(1, DType::F32);
+    Value u = uniform01(c, x.shape());
+    Value keep = b.compare(u, b.broadcast_to(p, x.shape()), Cmp::GE);
+    Value one = b.constant(1, DType::F32);
+    Value scale = b.select(b.compare(p, one, Cmp::GE), b.zeros(DType::F32, {}), b.div(one, b.sub(one, p)));
+    Value y = b.mul(b.select(keep, b.convert(x, t), b.zeros(t, x.shape())), b.broadcast_to(b.convert(scale, t), x.shape()));
+    return {b.convert(y, x.dtype()), keep};
+  });
+  add_rule("aten::native_dropout_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt();
+    Value g = c.in_out(0, t);
+    Value keep = b.convert(c.in(1), DType::Pred);
+    return {b.mul(b.select(keep, g, b.zeros(t, g.shape())), c.in_out(2, t))};
+  });
+
+  // convolution(x, w, b?, stride, padding, dilation, transposed, output_padding, groups)
+  add_rule("aten::convolution", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0), w = c.in(1);
+    int64_t ns = x.rank() - 2;
+    Shape stride = ints_n(c.ints(3), ns, 1), pad = ints_n(c.ints(4), ns, 0), dil = ints_n(c.ints(5), ns, 1);
+    bool transposed = c.flag(6);
+    int64_t groups = c.int_(8);
+    Value y;
+    if (!transposed) {
+      std::vector<std::pair<int64_t, int64_t>> p;
+      for (int64_t i = 0; i < ns; ++i) p.push_back({pad[i], pad[i]});
+      y = conv(c, x, w, conv_dims(ns, false), stride, p, Shape(ns, 1), dil, groups, c.oshape(), c.odt());
+    } else {
+      if (groups != 1) throw Unsupported("grouped transposed convolution");
+      Shape opad = ints_n(c.ints(7), ns, 0);
+      std::vector<std::pair<int64_t, int64_t>> p;
+      std::vector<int64_t> spatial;
+      for (int64_t i = 0; i < ns; ++i) {
+        int64_t k = w.shape()[2 + i];
+        int64_t lo = dil[i] * (k - 1) - pad[i];
+        p.push_back({lo, lo + opad[i]});
+        spatial.push_back(2 + i);
+      }
+      y = conv(c, x, b.reverse(w, spatial), conv_dims(ns, true), Shape(ns, 1), p, stride, dil, 1, c.oshape(),
+               c.odt());
+    }
+    if (c.has(2)) y = b.add(y, b.broadcast_in_dim(b.convert(c.in(2), y.dtype()), y.shape(), {1}));
+    return {y};
+  });
+  // convolution_backward(g, x, w, bias_sizes?, stride, padding, dilation, transposed,
+  //                      output_padding, groups, mask) -> (dx, dw, db)
+  add_rule("aten::convolution_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value g = c.in(0), x = c.in(1), w = c.in(2);
+    int64_t ns = x.rank() - 2;
+    Shape stride = ints_n(c.ints(4), ns, 1), pad = ints_n(c.ints(5), ns, 0), dil = ints_n(c.ints(6), ns, 1);
+    if (c.flag(7) || c.int_(9) != 1) throw Unsupported("backward of transposed or grouped convolution");
+    const auto& mask = c.ints(10);
+    DType t = x.dtype();
+    Value dx, dw, db;
+    if (mask.size() > 0 && mask[0]) dx = conv_input_grad(c, g, w, x.shape(), stride, pad, dil, t);
+    if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, x, g, w.shape(), stride, pad, dil, w.dtype());
+    if (mask.size() > 2 && mask[2]) {
+      std::vector<int64_t> dims{0};
+      for (int64_t i = 2; i < g.rank(); ++i) dims.push_back(i);
+      db = b.convert(sum(b, g, dims), g.dtype());
+    }
+    return {dx, dw, db};
+  });
+
+  // max_pool2d_with_indices(x, k, stride, pad, dil, ceil) -> (y, flat argmax index)
+  // The window's k_h * k_w taps as strided slices of the -inf padded input.
+  add_rule("aten::max_pool2d_with_indices", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t r = x.rank();
+    Shape k = ints_n(c.ints(1), 2, 1);
+    Shape s = c.ints(2).empty() ? k : ints_n(c.ints(2), 2, 1);
+    Shape p = ints_n(c.ints(3), 2, 0), d = ints_n(c.ints(4), 2, 1);
+    const Shape& out = c.oshape(0);
+    int64_t H = x.shape()[r - 2], W = x.shape()[r - 1], Ho = out[r - 2], Wo = out[r - 1];
+    Shape lo(r, 0), hi(r, 0), in(r, 0);
+    lo[r - 2] = p[0];
+    lo[r - 1] = p[1];
+    hi[r - 2] = std::max<int64_t>(0, (Ho - 1) * s[0] + d[0] * (k[0] - 1) + 1 - H - p[0]);
+    hi[r - 1] = std::max<int64_t>(0, (Wo - 1) * s[1] + d[1] * (k[1] - 1) + 1 - W - p[1]);
+    Value xp = b.pad(x, b.lowest(x.dtype()), lo, hi, in);
+    Value best, bidx;
+    for (int64_t i = 0; i < k[0]; ++i)
+      for (int64_t j = 0; j < k[1]; ++j) {
+        Shape st(r, 0), lim = xp.shape(), step(r, 1);
+        st[r - 2] = i * d[0];
+        st[r - 1] = j * d[1];
+        lim[r - 2] = st[r - 2] + (Ho - 1) * s[0] + 1;
+        lim[r - 1] = st[r - 1] + (Wo - 1) * s[1] + 1;
+        step[r - 2] = s[0];
+        step[r - 1] = s[1];
+        Value cand = b.slice(xp, st, lim, step);
+        Shape hw{Ho, Wo};
+        Value hidx = b.add(b.mul(b.iota(DType::S64, hw, 0), b.constant_int(s[0], DType::S64, hw)),
+                           b.constant_int(i * d[0] - p[0], DType::S64, hw));
+        Value widx = b.add(b.mul(b.iota(DType::S64, hw, 1), b.constant_int(s[1], DType::S64, hw)),
+                           b.constant_int(j * d[1] - p[1], DType::S64, hw));
+        Value flat = b.add(b.mul(hidx, b.constant_int(W, DType::S64, hw)), widx);
+        flat = b.broadcast_in_dim(flat, cand.shape(), {r - 2, r - 1});
+        if (!best.valid()) {
+          best = cand;
+          bidx = flat;
+          continue;
+        }
+        Value take = b.binary("or", b.compare(cand, best, Cmp::GT),
+                              b.binary("and", b.compare(cand, cand, Cmp::NE), b.compare(best, best, Cmp::EQ)));
+        best = b.select(take, cand, best);
+        bidx = b.select(take, flat, bidx);
+      }
+    return {best, bidx};
+  });
+  // backward: scatter-add g at the saved argmax positions
+  add_rule("aten::max_pool2d_with_indices_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value g = c.in(0), x = c.in(1), idx = c.in(7);
+    int64_t r = x.rank();
+    int64_t lead = hlo::numel(Shape(x.shape().begin(), x.shape().end() - 2));
+    int64_t hw = x.shape()[r - 2] * x.shape()[r - 1];
+    int64_t ohw = g.shape()[r - 2] * g.shape()[r - 1];
+    Value g2 = b.reshape(b.convert(g, compute_type(g.dtype())), {lead * ohw});
+    Value i2 = b.reshape(b.convert(idx, DType::S64), {lead, ohw});
+    Value row = b.iota(DType::S64, {lead, ohw}, 0);
+    Value coords = b.concatenate({b.reshape(row, {lead * ohw, 1}), b.reshape(i2, {lead * ohw, 1})}, 1);
+    Value z = b.zeros(g2.dtype(), {lead, hw});
+    Value out = b.scatter(z, coords, g2, {0, 1}, "add");
+    return {b.convert(b.reshape(out, x.shape()), x.dtype())};
+  });
+}
+
+}  // namespace tt::lower

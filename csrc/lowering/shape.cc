@@ -1,0 +1,123 @@
+// View/shape family (data-moving ops; pure views are metadata in csrc/aten):
+// copy, cat, pad, flip, roll, tril/triu, repeat_interleave-free tiling.
+#include "lowering/lowering.h"
+
+namespace tt::lower {
+namespace {
+using V = std::vector<Value>;
+
+std::vector<int64_t> iota_dims(int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// tril / triu: keep x[..., i, j] where j - i <= k (tril) or j - i >= k (triu)
+Rule triangle(bool lower) {
+  return [lower](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t r = x.rank();
+    Shape s2{x.shape()[r - 2], x.shape()[r - 1]};
+    Value row = b.iota(DType::S64, s2, 0), col = b.iota(DType::S64, s2, 1);
+    Value diff = b.sub(col, row);
+    Value kk = b.constant_int(c.int_or(1, 0), DType::S64, s2);
+    Value keep = b.compare(diff, kk, lower ? hlo::Cmp::LE : hlo::Cmp::GE);
+    keep = b.broadcast_in_dim(keep, x.shape(), {r - 2, r - 1});
+    return {b.select(keep, x, b.zeros(x.dtype(), x.shape()))};
+  };
+}
+}  // namespace
+
+void register_shape() {
+  // copy(self, src) = src broadcast to self, in self's dtype
+  add_rule("aten::copy", [](Ctx& c) -> V { return {c.in_out(1, c.odt())}; });
+  // cat(tensors, dim): legacy 1-D empty inputs are skipped
+  add_rule("aten::cat", [](Ctx& c) -> V {
+    const auto& xs = c.list(0);
+    int64_t dim = wrap_dim(c.int_or(1, 0), c.out().rank());
+    std::vector<Value> parts;
+    for (const Value& x : xs) {
+      if (x.rank() == 1 && x.shape()[0] == 0 && c.out().rank() != 1) continue;
+      if (hlo::numel(x.shape()) == 0) continue;
+      parts.push_back(c.b.convert(x, c.odt()));
+    }
+    if (parts.empty()) return {c.b.zeros(c.odt(), c.oshape())};
+    return {c.b.concatenate(parts, dim)};
+  });
+  // constant_pad_nd(x, pad, value): pad pairs from the last dim backwards; negative pads crop
+  add_rule("aten::constant_pad_nd", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    const auto& pad = c.ints(1);
+    int64_t r = x.rank();
+    Shape lo(r, 0), hi(r, 0), interior(r, 0);
+    for (size_t i = 0; i + 1 < pad.size() + 1 && i / 2 < static_cast<size_t>(r); i += 2) {
+      int64_t d = r - 1 - static_cast<int64_t>(i / 2);
+      lo[d] = pad[i];
+      hi[d] = pad[i + 1];
+    }
+    Shape start(r, 0), limit = x.shape(), step(r, 1);
+    bool crop = false;
+    for (int64_t d = 0; d < r; ++d) {
+      if (lo[d] < 0) { start[d] = -lo[d]; lo[d] = 0; crop = true; }
+      if (hi[d] < 0) { limit[d] += hi[d]; hi[d] = 0; crop = true; }
+    }
+    if (crop) x = b.slice(x, start, limit, step);
+    return {b.pad(x, c.scalar_or(2, 0.0, x.dtype()), lo, hi, interior)};
+  });
+  add_rule("aten::flip", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    std::vector<int64_t> dims;
+    for (int64_t d : c.ints(1)) dims.push_back(wrap_dim(d, x.rank()));
+    return {c.b.reverse(x, dims)};
+  });
+  // roll(x, shifts, dims): concat(x[n-s:], x[:n-s]) per dim; no dims = flattened
+  add_rule("aten::roll", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    Shape orig = x.shape();
+    std::vector<int64_t> shifts = c.ints(1), dims = c.has(2) ? c.ints(2) : std::vector<int64_t>{};
+    if (dims.empty()) {
+      x = b.reshape(x, {hlo::numel(orig)});
+      dims = {0};
+    }
+    for (size_t i = 0; i < dims.size(); ++i) {
+      int64_t d = wrap_dim(dims[i], x.rank()), n = x.shape()[d];
+      if (n == 0) continue;
+      int64_t s = ((shifts[i] % n) + n) % n;
+      if (s == 0) continue;
+      Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
+      st[d] = n - s;
+      Value tail = b.slice(x, st, lim, step);
+      st[d] = 0;
+      lim[d] = n - s;
+      Value head = b.slice(x, st, lim, step);
+      x = b.concatenate({tail, head}, d);
+    }
+    return {b.reshape(x, orig)};
+  });
+  add_rule("aten::tril", triangle(true));
+  add_rule("aten::triu", triangle(false));
+  // repeat(x, reps): broadcast into interleaved dims [r0, s0, r1, s1, ...] then merge
+  add_rule("aten::repeat", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    const auto& reps = c.ints(1);
+    int64_t lead = static_cast<int64_t>(reps.size()) - x.rank();
+    Shape xs(lead, 1);
+    for (int64_t d : x.shape()) xs.push_back(d);
+    x = b.reshape(x, xs);
+    Shape big;
+    std::vector<int64_t> dims;
+    for (size_t i = 0; i < reps.size(); ++i) {
+      big.push_back(reps[i]);
+      big.push_back(xs[i]);
+      dims.push_back(static_cast<int64_t>(2 * i + 1));
+    }
+    return {b.reshape(b.broadcast_in_dim(x, big, dims), c.oshape())};
+  });
+  (void)iota_dims;
+}
+
+}  // namespace tt::lower

@@ -1,0 +1,54 @@
+// Golden-text tests of the StableHLO builder.
+#include <gtest/gtest.h>
+
+#include "hlo/builder.h"
+
+using namespace tt::hlo;
+
+TEST(Builder, AddModuleText) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {2, 3}});
+  Value y = b.param(Type{DType::F32, {2, 3}});
+  Value z = b.add(x, y);
+  std::string text = b.module({z});
+  EXPECT_NE(text.find("func.func public @main(%v0: tensor<2x3xf32>, %v1: tensor<2x3xf32>) -> (tensor<2x3xf32>)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("%v2 = \"stablehlo.add\"(%v0, %v1) : (tensor<2x3xf32>, tensor<2x3xf32>) -> tensor<2x3xf32>"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("return %v2 : tensor<2x3xf32>"), std::string::npos) << text;
+}
+
+TEST(Builder, ConstantsAreExactBitPatterns) {
+  Builder b;
+  Value c = b.constant(1.0, DType::F32, {2});
+  Value h = b.constant(1.0, DType::BF16);
+  Value i = b.constant_int(-7, DType::S64);
+  std::string text = b.module({c, h, i});
+  EXPECT_NE(text.find("dense<0x3F800000> : tensor<2xf32>"), std::string::npos) << text;
+  EXPECT_NE(text.find("dense<0x3F80> : tensor<bf16>"), std::string::npos) << text;
+  EXPECT_NE(text.find("dense<-7> : tensor<i64>"), std::string::npos) << text;
+}
+
+TEST(Builder, ShapeInference) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {4, 5, 6}});
+  EXPECT_EQ(b.transpose(x, {2, 0, 1}).shape(), (Shape{6, 4, 5}));
+  EXPECT_EQ(b.reduce(x, b.zeros(DType::F32, {}), {1}, "add").shape(), (Shape{4, 6}));
+  EXPECT_EQ(b.slice(x, {0, 1, 0}, {4, 5, 6}, {2, 2, 3}).shape(), (Shape{2, 2, 2}));
+  Value w = b.param(Type{DType::F32, {4, 6, 7}});
+  DotDims d{{0}, {0}, {2}, {1}};
+  EXPECT_EQ(b.dot_general(x, w, d, DType::F32).shape(), (Shape{4, 5, 7}));
+  EXPECT_EQ(b.broadcast_to(b.param(Type{DType::F32, {5, 1}}), {3, 5, 6}).shape(), (Shape{3, 5, 6}));
+  Value idx = b.param(Type{DType::S64, {2, 3}});
+  EXPECT_EQ(b.take(x, idx, 1).shape(), (Shape{4, 2, 3, 6}));
+}
+
+TEST(Builder, MismatchedOperandsAreBuildErrors) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {2}});
+  Value y = b.param(Type{DType::F32, {3}});
+  EXPECT_THROW(b.add(x, y), BuildError);
+  EXPECT_THROW(b.reshape(x, {3}), BuildError);
+}

@@ -1,0 +1,113 @@
+// Compile-and-run tests against the PJRT plugin named by TORCH_TPU_PJRT_PLUGIN
+// (the CPU plugin in CI).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "engine/engine.h"
+#include "hlo/builder.h"
+#include "runtime/runtime.h"
+
+using namespace tt;
+
+namespace {
+rt::Client& client() {
+  const char* p = std::getenv("TORCH_TPU_PJRT_PLUGIN");
+  if (!p || !*p) throw std::runtime_error("TORCH_TPU_PJRT_PLUGIN is not set");
+  return rt::Client::init(p, "cpu", 2);
+}
+
+std::vector<float> run(const std::string& text, const std::vector<std::vector<float>>& inputs,
+                       const std::vector<std::vector<int64_t>>& dims, size_t out_n, int device = 0) {
+  auto& c = client();
+  auto exe = c.compile(text);
+  std::vector<rt::BufferPtr> bufs;
+  std::vector<PJRT_Buffer*> args;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    bufs.push_back(c.from_host(inputs[i].data(), PJRT_T_F32, dims[i], device));
+    args.push_back(bufs.back()->get());
+  }
+  auto outs = exe->execute(device, args);
+  std::vector<float> r(out_n);
+  outs[0]->to_host(r.data(), out_n * sizeof(float));
+  return r;
+}
+}  // namespace
+
+TEST(Runtime, ClientReportsPlatformAndDevices) {
+  auto& c = client();
+  EXPECT_EQ(c.platform_name(), "cpu");
+  EXPECT_EQ(c.num_devices(), 2);
+  EXPECT_GE(c.api_minor(), kTtMinPjrtMinor);
+}
+
+TEST(Runtime, CompileAndRunBuilderModule) {
+  hlo::Builder b;
+  auto x = b.param(hlo::Type{hlo::DType::F32, {2, 2}});
+  auto y = b.param(hlo::Type{hlo::DType::F32, {2, 2}});
+  auto z = b.dot_general(x, y, {{}, {}, {1}, {0}}, hlo::DType::F32);
+  auto s = b.reduce(z, b.zeros(hlo::DType::F32, {}), {1}, "add");
+  auto r = run(b.module({s}), {{1, 2, 3, 4}, {1, 0, 0, 1}}, {{2, 2}, {2, 2}}, 2, 1);
+  EXPECT_FLOAT_EQ(r[0], 3);
+  EXPECT_FLOAT_EQ(r[1], 7);
+}
+
+TEST(Runtime, GatherScatterArgmaxRun) {
+  hlo::Builder b;
+  auto x = b.param(hlo::Type{hlo::DType::F32, {4}});
+  auto idx = b.constant_int(2, hlo::DType::S64, {3});
+  auto g = b.take(x, idx, 0);                                   // [x2, x2, x2]
+  auto sc = b.scatter(b.zeros(hlo::DType::F32, {4}), b.constant_int(1, hlo::DType::S64, {3, 1}), g, {0}, "add");
+  auto [mv, mi] = b.reduce_arg(x, 0, true);
+  auto out = b.add(sc, b.broadcast_to(b.convert(b.reshape(mi, {1}), hlo::DType::F32), {4}));
+  auto r = run(b.module({out}), {{5, 9, 7, 1}}, {{4}}, 4);
+  EXPECT_FLOAT_EQ(r[0], 1);   // argmax = 1
+  EXPECT_FLOAT_EQ(r[1], 22);  // 3 * 7 + 1
+  EXPECT_FLOAT_EQ(r[3], 1);
+}
+
+TEST(Runtime, BadProgramIsAnErrorNotACrash) {
+  auto& c = client();
+  EXPECT_THROW(c.compile("this is not mlir"), rt::Error);
+}
+
+TEST(Engine, StridedLoadsAndStores) {
+  client();
+  using namespace tt::engine;
+  auto& e = Engine::get();
+  auto st = std::make_shared<Storage>(12 * 4, 0);
+  std::vector<float> init(12);
+  for (int i = 0; i < 12; ++i) init[i] = static_cast<float>(i);
+  View whole{st, 0, {3, 4}, {4, 1}, hlo::DType::F32};
+  e.write(whole, init.data());
+  // transpose view [4, 3] strides [1, 4]; read it
+  View t{st, 0, {4, 3}, {1, 4}, hlo::DType::F32};
+  std::vector<float> out(12);
+  e.read(t, out.data());
+  EXPECT_FLOAT_EQ(out[1], 4);  // t[0][1] = x[1][0]
+  EXPECT_FLOAT_EQ(out[3], 1);  // t[1][0] = x[0][1]
+  // column slice x[:, 1:3] (padded-strided load), then store 0 into it
+  View col{st, 1, {3, 2}, {4, 1}, hlo::DType::F32};
+  std::vector<float> c(6);
+  e.read(col, c.data());
+  EXPECT_FLOAT_EQ(c[0], 1);
+  EXPECT_FLOAT_EQ(c[2], 5);
+  EXPECT_FLOAT_EQ(c[5], 10);
+  auto& g = e.graph(0);
+  g.store(col, g.b.zeros(hlo::DType::F32, {3, 2}));
+  e.op_done(0);
+  e.read(whole, out.data());
+  EXPECT_FLOAT_EQ(out[0], 0);
+  EXPECT_FLOAT_EQ(out[1], 0);
+  EXPECT_FLOAT_EQ(out[3], 3);
+  EXPECT_FLOAT_EQ(out[6], 0);
+  EXPECT_FLOAT_EQ(out[7], 7);
+  // every-other element (step slice)
+  View step{st, 0, {6}, {2}, hlo::DType::F32};
+  std::vector<float> s(6);
+  e.read(step, s.data());
+  EXPECT_FLOAT_EQ(s[1], 0);   // x[2] was zeroed
+  EXPECT_FLOAT_EQ(s[2], 4);
+  EXPECT_FLOAT_EQ(s[5], 10 * 0 + 0);  // x[10] zeroed
+}

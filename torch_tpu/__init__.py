@@ -1,0 +1,113 @@
+"""torch_tpu: PyTorch device `tpu` on any PJRT plugin (TPU, NVIDIA GPU, or the XLA CPU plugin).
+
+`import torch` loads this package through the `torch.backends` entry point; after
+that, `torch.device("tpu")`, `tensor.tpu()` and `torch.tpu.*` work as their CUDA
+counterparts do.
+"""
+
+
+def _autoload():
+    """Entry point for torch's device-backend autoloading (the import does the work)."""
+
+
+import contextlib as _contextlib
+import enum as _enum
+import os as _os
+import warnings as _warnings
+
+import torch
+
+from . import _plugin
+from . import device_module as _device_module
+
+__all__ = ["EagerMode", "set_eager_mode", "get_eager_mode", "eager_mode", "metrics", "plugin_path"]
+
+
+class EagerMode(_enum.IntEnum):
+    DEFER_NEVER = 0                      # Strict: each op runs at once, asynchronously
+    DEFER_NEVER_AND_LAUNCH_BLOCKING = 1  # Debug: each op runs and is waited for
+    DEFER_AND_FUSE = 2                   # fused eager: ops are deferred and fused until a host read
+
+
+def _start():
+    from . import _C
+
+    if getattr(torch.utils, "_tpu_registered", False) or torch._C._get_privateuse1_backend_name() == "tpu":
+        return
+    try:
+        path, platform = _plugin.find_plugin()
+        n = int(_os.environ.get("TORCH_TPU_NUM_DEVICES", "1"))
+        _C._init(str(path), platform, n)
+    except Exception as e:  # the device stays unavailable; CPU PyTorch keeps working
+        _device_module._init_error = str(e)
+        _warnings.warn(f"torch_tpu: the tpu device is unavailable: {e}")
+    torch.utils.rename_privateuse1_backend("tpu")
+    torch._register_device_module("tpu", _device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    if _os.environ.get("TORCH_TPU_LAUNCH_BLOCKING") == "1":
+        set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
+    elif _os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
+        set_eager_mode(EagerMode.DEFER_AND_FUSE)
+
+
+def set_eager_mode(mode):
+    from . import _C
+
+    _C._set_mode(int(EagerMode(mode)))
+
+
+def get_eager_mode():
+    from . import _C
+
+    return EagerMode(_C._get_mode())
+
+
+@_contextlib.contextmanager
+def eager_mode(mode):
+    prev = get_eager_mode()
+    set_eager_mode(mode)
+    try:
+        yield
+    finally:
+        set_eager_mode(prev)
+
+
+def plugin_path():
+    from . import _C
+
+    return _C.plugin_path()
+
+
+_start()
+
+from . import metrics  # noqa: E402
+
+
+def _install_printing():
+    """Printing a tpu tensor formats a CPU copy (one transfer) instead of running
+    the formatter's dozens of small ops on the device; the text is unchanged."""
+    import torch._tensor_str as ts
+
+    orig = ts._str_intern
+    if getattr(orig, "_tpu", False):
+        return
+
+    def _str_intern(inp, *, tensor_contents=None):
+        if (
+            tensor_contents is None
+            and isinstance(inp, torch.Tensor)
+            and inp.device.type == "tpu"
+            and inp.layout == torch.strided
+            and inp.numel() > 0
+            and type(inp) in (torch.Tensor, torch.nn.Parameter)
+        ):
+            with torch.no_grad():
+                cpu = inp.detach().to("cpu")
+            tensor_contents = ts._tensor_str(cpu, len("tensor("))
+        return orig(inp, tensor_contents=tensor_contents)
+
+    _str_intern._tpu = True
+    ts._str_intern = _str_intern
+
+
+_install_printing()

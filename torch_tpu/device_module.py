@@ -1,0 +1,294 @@
+"""The `torch.tpu` module: the device API a CUDA user expects, for device `tpu`."""
+import contextlib
+import enum
+import threading
+
+import torch
+
+from . import _C
+
+__all__ = [
+    "is_available", "device_count", "current_device", "set_device", "device", "synchronize",
+    "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
+    "get_rng_state_all", "set_rng_state_all", "is_bf16_supported", "get_amp_supported_dtype",
+    "get_device_name", "get_device_properties", "Stream", "Event", "current_stream", "default_stream", "stream",
+    "empty_cache", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats",
+    "is_initialized", "init", "Precision", "set_matmul_precision", "get_matmul_precision", "precision",
+]
+
+_init_error = None  # set by torch_tpu when the runtime could not start
+
+
+def is_available():
+    return _init_error is None and _C._is_initialized() and _C.device_count() > 0
+
+
+def is_initialized():
+    return _C._is_initialized()
+
+
+def init():
+    _lazy_init()
+
+
+def _lazy_init():
+    if _init_error is not None:
+        raise RuntimeError(f"torch_tpu could not start its PJRT runtime: {_init_error}")
+
+
+def device_count():
+    return _C.device_count() if _init_error is None else 0
+
+
+def _index(device):
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"Expected a tpu device, but got: {device}")
+        return current_device() if device.index is None else device.index
+    raise ValueError(f"Invalid device: {device!r}")
+
+
+def current_device():
+    return _C.current_device()
+
+
+def set_device(device):
+    _lazy_init()
+    _C.set_device(_index(device))
+
+
+class device:
+    """Context manager that changes the current tpu device."""
+
+    def __init__(self, device):
+        self.idx = _index(device) if device is not None else -1
+        self.prev = -1
+
+    def __enter__(self):
+        self.prev = current_device()
+        if self.idx >= 0:
+            set_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.idx >= 0:
+            set_device(self.prev)
+        return False
+
+
+def synchronize(device=None):
+    """Waits for all queued tpu work (flushing any deferred ops first)."""
+    _lazy_init()
+    _C.synchronize()
+
+
+# ---- RNG
+def manual_seed(seed):
+    _lazy_init()
+    _C.manual_seed(current_device(), int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def manual_seed_all(seed):
+    for d in range(device_count()):
+        _C.manual_seed(d, int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+def seed():
+    return _C.seed(current_device())
+
+
+def seed_all():
+    s = seed()
+    manual_seed_all(s)
+
+
+def initial_seed():
+    return _C.initial_seed(current_device())
+
+
+def get_rng_state(device="tpu"):
+    return torch.frombuffer(bytearray(_C.get_rng_state(_index(device))), dtype=torch.uint8)
+
+
+def set_rng_state(new_state, device="tpu"):
+    _C.set_rng_state(_index(device), bytes(new_state.cpu().to(torch.uint8).numpy().tobytes()))
+
+
+def get_rng_state_all():
+    return [get_rng_state(d) for d in range(device_count())]
+
+
+def set_rng_state_all(states):
+    for d, s in enumerate(states):
+        set_rng_state(s, d)
+
+
+def _is_in_bad_fork():
+    return False
+
+
+# ---- capabilities
+def is_bf16_supported(including_emulation=True):
+    return True
+
+
+def get_amp_supported_dtype():
+    return [torch.bfloat16, torch.float16]
+
+
+def get_device_name(device=None):
+    """Names the PJRT platform `tpu` runs on, e.g. 'PJRT cpu (cpu)' or 'PJRT cuda (NVIDIA H200)'."""
+    _lazy_init()
+    return f"PJRT {_C.platform_name()} ({_C.device_kind()})"
+
+
+class _Properties:
+    def __init__(self, idx):
+        self.name = get_device_name(idx)
+        self.platform = _C.platform_name()
+        self.platform_version = _C.platform_version()
+        self.index = idx
+        stats = _C.device_memory_stats(idx)
+        self.total_memory = stats.get("bytes_limit", 0)
+
+    def __repr__(self):
+        return f"_TpuDeviceProperties(name='{self.name}', total_memory={self.total_memory})"
+
+
+def get_device_properties(device=None):
+    return _Properties(_index(device))
+
+
+# ---- streams and events: one in-order queue per device
+class Stream:
+    def __init__(self, device=None, priority=0, **kwargs):
+        self.device = torch.device("tpu", _index(device))
+        self.priority = priority
+
+    def synchronize(self):
+        synchronize()
+
+    def wait_stream(self, stream):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def query(self):
+        return True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Event:
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False):
+        self.enable_timing = enable_timing
+        self._time = None
+
+    def record(self, stream=None):
+        import time
+
+        if self.enable_timing:
+            synchronize()
+            self._time = time.perf_counter()
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        synchronize()
+
+    def elapsed_time(self, end_event):
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("Events must be created with enable_timing=True and recorded")
+        return (end_event._time - self._time) * 1000.0
+
+
+_streams = {}
+
+
+def current_stream(device=None):
+    idx = _index(device)
+    return _streams.setdefault(idx, Stream(idx))
+
+
+default_stream = current_stream
+
+
+@contextlib.contextmanager
+def stream(s):
+    yield s
+
+
+# ---- memory
+def empty_cache():
+    pass  # buffers are freed as soon as their tensors die
+
+
+def memory_allocated(device=None):
+    return _C.memory_allocated()
+
+
+def max_memory_allocated(device=None):
+    return _C.max_memory_allocated()
+
+
+def reset_peak_memory_stats(device=None):
+    _C.reset_peak_memory_stats()
+
+
+def memory_stats(device=None):
+    stats = {
+        "allocated_bytes.all.current": _C.memory_allocated(),
+        "allocated_bytes.all.peak": _C.max_memory_allocated(),
+    }
+    for k, v in _C.device_memory_stats(_index(device)).items():
+        stats[f"device.{k}"] = v
+    return stats
+
+
+# ---- matmul precision
+class Precision(enum.IntEnum):
+    """Precision of float32 matmul-like ops on tpu (see docs/STATUS.md)."""
+
+    DEFAULT = 0  # operands rounded to bf16, f32 accumulation (1 pass)
+    HIGH = 1     # bf16x3 (3 passes)
+    HIGHEST = 2  # bf16x6 (6 passes, float32-class accuracy)
+
+
+_prec_lock = threading.Lock()
+
+
+def set_matmul_precision(p):
+    _C._set_precision(int(Precision(p)))
+
+
+def get_matmul_precision():
+    return Precision(_C._get_precision())
+
+
+@contextlib.contextmanager
+def precision(p):
+    prev = get_matmul_precision()
+    set_matmul_precision(p)
+    try:
+        yield
+    finally:
+        set_matmul_precision(prev)
