@@ -120,7 +120,9 @@ c10::IValue meta_ivalue(const c10::IValue& v) {
       for (size_t i = 0; i < in.size(); ++i) opt |= in.get(i).isNone();
       c10::List<std::optional<at::Tensor>> l;
       for (size_t i = 0; i < in.size(); ++i)
-        l.push_back(in.get(i).isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(to_meta(in.get(i).toTensor())));
+        l.push_back(in.get(i).isNone() || !in.get(i).toTensor().defined()
+                        ? std::optional<at::Tensor>()
+                        : std::optional<at::Tensor>(to_meta(in.get(i).toTensor())));
       (void)opt;
       return l;
     }
@@ -333,14 +335,12 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         c10::List<std::optional<at::Tensor>> nl;
         for (size_t i = 0; i < l.size(); ++i) {
           auto e = l.get(i);
-          if (e.isTensor() && e.toTensor().device().is_cpu() && !cpu_scalar(e.toTensor())) {
-            nl.push_back(upload(e.toTensor(), device));
-            changed = true;
-          } else if (e.isTensor() && cpu_scalar(e.toTensor())) {
+          bool defined = e.isTensor() && e.toTensor().defined();
+          if (defined && e.toTensor().device().is_cpu()) {
             nl.push_back(upload(e.toTensor(), device));
             changed = true;
           } else {
-            nl.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(e.toTensor()));
+            nl.push_back(defined ? std::optional<at::Tensor>(e.toTensor()) : std::optional<at::Tensor>());
           }
         }
         if (changed) v = nl;
@@ -560,6 +560,7 @@ const at::Tensor& tpu_resize_(const at::Tensor& self, c10::IntArrayRef size,
   if (needed > static_cast<int64_t>(storage.nbytes())) {
     // new storage holding the old contents as its prefix
     auto old = storage_of(self);
+    c10::DeviceGuard guard(self.device());
     c10::DataPtr fresh = allocator()->allocate(needed);
     auto* holder = static_cast<engine::StoragePtr*>(fresh.get_context());
     auto& ns = *holder;
@@ -585,6 +586,32 @@ const at::Tensor& tpu_resize_(const at::Tensor& self, c10::IntArrayRef size,
     impl->set_sizes_contiguous(size);
   }
   return self;
+}
+
+at::Tensor& tpu_set_storage_offset(at::Tensor& self, c10::Storage src, c10::SymInt offset, c10::SymIntArrayRef size,
+                                   c10::SymIntArrayRef stride) {
+  TORCH_CHECK(src.device().type() == kTpu, "Attempted to set the storage of a tensor on device \"", self.device(),
+              "\" to a storage on different device \"", src.device(), "\".  This is no longer allowed; the devices must match.");
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(src));
+  impl->set_storage_offset(offset.expect_int());
+  std::vector<int64_t> sz, st;
+  for (auto& x : size) sz.push_back(x.expect_int());
+  for (auto& x : stride) st.push_back(x.expect_int());
+  if (st.empty()) impl->set_sizes_contiguous(sz);
+  else impl->set_sizes_and_strides(sz, st);
+  return self;
+}
+
+at::Tensor& tpu_set_storage(at::Tensor& self, c10::Storage src) {
+  int64_t n = static_cast<int64_t>(src.nbytes()) / static_cast<int64_t>(self.element_size());
+  std::vector<c10::SymInt> size{c10::SymInt(n)};
+  return tpu_set_storage_offset(self, std::move(src), c10::SymInt(0), size, {});
+}
+
+at::Tensor& tpu_set_tensor(at::Tensor& self, const at::Tensor& src) {
+  return tpu_set_storage_offset(self, src.storage(), c10::SymInt(src.storage_offset()), src.sym_sizes(),
+                                src.sym_strides());
 }
 
 // ---------------------------------------------------------------- copies & host reads
@@ -678,6 +705,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_reshape_alias", TORCH_FN(tpu_reshape_alias));
   m.impl("unfold", TORCH_FN(tpu_unfold));
   m.impl("resize_", TORCH_FN(tpu_resize_));
+  m.impl("set_.source_Storage", TORCH_FN(tpu_set_storage));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(tpu_set_storage_offset));
+  m.impl("set_.source_Tensor", TORCH_FN(tpu_set_tensor));
   m.impl("copy_", TORCH_FN(tpu_copy_));
   m.impl("_copy_from", TORCH_FN(tpu_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));

@@ -86,6 +86,28 @@ Value to_logical(Builder& b, Value core, const std::vector<Dim>& d, const Shape&
   return b.broadcast_in_dim(t, sizes, bdims);
 }
 
+// A flat array reinterpreted as another element type (the bytes in memory order).
+Value reinterpret(Builder& b, Value v, DType as) {
+  DType from = v.dtype();
+  if (from == as) return v;
+  if (from == DType::Pred || as == DType::Pred) {
+    if (from == DType::Pred) v = b.convert(v, DType::U8);
+    from = DType::U8;
+    if (as == DType::Pred) return b.convert(reinterpret(b, v, DType::U8), DType::Pred);
+  }
+  int64_t fs = hlo::itemsize(from), ts = hlo::itemsize(as), n = v.shape()[0];
+  if (fs == ts) return b.bitcast(v, as);
+  if (fs > ts) {  // [n] -> [n, fs/ts] -> [n * fs/ts]
+    int64_t r = fs / ts;
+    Value x = b.emit("bitcast_convert", {v}, hlo::Type{as, {n, r}});
+    return b.reshape(x, {n * r});
+  }
+  int64_t r = ts / fs;
+  if (n % r != 0) throw rt::Error("tpu storage size is not a multiple of the element size");
+  Value x = b.reshape(v, {n / r, r});
+  return b.emit("bitcast_convert", {x}, hlo::Type{as, {n / r}});
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Graph
@@ -115,13 +137,7 @@ Value Graph::flat(const StoragePtr& st, DType as) {
     entries_.push_back(e);
     v = e.cur;
   }
-  if (v.dtype() != as) {
-    if (hlo::itemsize(v.dtype()) != hlo::itemsize(as))
-      throw rt::Error("reinterpreting a tpu storage of element size " + std::to_string(hlo::itemsize(v.dtype())) +
-                      " as size " + std::to_string(hlo::itemsize(as)) + " is not supported");
-    v = v.dtype() == DType::Pred || as == DType::Pred ? b.convert(v, as) : b.bitcast(v, as);
-  }
-  return v;
+  return reinterpret(b, v, as);
 }
 
 Value Graph::load(const View& v) {
@@ -206,9 +222,7 @@ void Graph::store(const View& v, Value value) {
     Value pos = positions(b, all, v.offset);
     next = b.scatter(fl, b.reshape(pos, {n, 1}), b.reshape(sq, {n}), {0}, "");
   }
-  DType sdt = v.st->dtype;
-  if (next.dtype() != sdt)
-    next = next.dtype() == DType::Pred || sdt == DType::Pred ? b.convert(next, sdt) : b.bitcast(next, sdt);
+  next = reinterpret(b, next, v.st->dtype);
   Entry& e = entries_[index_.at(v.st.get())];
   e.cur = next;
   e.written = true;

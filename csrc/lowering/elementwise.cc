@@ -148,9 +148,9 @@ Value remainder(Builder& b, Value x, Value y) {
 }
 
 // div with rounding_mode None | "trunc" | "floor"
-V div_mode(Ctx& c, size_t mode_arg) {
+V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
   DType t = c.odt();
-  std::string mode = c.has(mode_arg) ? c.str(mode_arg) : "";
+  std::string mode = forced ? forced : c.has(mode_arg) ? c.str(mode_arg) : "";
   if (mode.empty()) {
     DType ct = compute_type(t);
     return {c.b.convert(c.b.div(c.in_out(0, ct), c.in_out(1, ct)), t)};
@@ -220,11 +220,8 @@ void register_elementwise() {
   for (auto n : {"aten::mul.Tensor", "aten::mul.Scalar"}) add_rule(n, binary("multiply"));
   for (auto n : {"aten::div.Tensor", "aten::div.Scalar"}) add_rule(n, [](Ctx& c) { return div_mode(c, 99); });
   for (auto n : {"aten::div.Tensor_mode", "aten::div.Scalar_mode"}) add_rule(n, [](Ctx& c) { return div_mode(c, 2); });
-  add_rule("aten::floor_divide", [](Ctx& c) -> V {
-    Value a = c.in_out(0, c.odt()), d = c.in_out(1, c.odt());
-    Value q = c.b.div(a, d);
-    return {hlo::is_int(c.odt()) ? q : c.b.unary("floor", q)};
-  });
+  add_rule("aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
+  add_rule("aten::floor_divide.Scalar", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
   for (auto n : {"aten::maximum", "aten::max.other"}) add_rule(n, binary("maximum"));
   for (auto n : {"aten::minimum", "aten::min.other"}) add_rule(n, binary("minimum"));
   for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"}) add_rule(n, binary_fn(remainder));
@@ -301,6 +298,12 @@ void register_elementwise() {
     if (!hlo::is_float(x.dtype())) return {c.b.constant_int(1, DType::Pred, x.shape())};
     return {c.b.emit("is_finite", {x}, Type{DType::Pred, x.shape()})};
   });
+  for (bool neg : {true, false})
+    add_rule(neg ? "aten::isneginf" : "aten::isposinf", [neg](Ctx& c) -> V {
+      Value x = c.in(0);
+      if (!hlo::is_float(x.dtype())) return {c.b.constant_int(0, DType::Pred, x.shape())};
+      return {c.b.compare(x, c.b.constant(neg ? -INFINITY : INFINITY, x.dtype(), x.shape()), Cmp::EQ)};
+    });
   add_rule("aten::logical_not", [](Ctx& c) -> V {
     Value x = c.in(0);
     Value r = x.dtype() == DType::Pred ? c.b.unary("not", x) : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), Cmp::EQ);
@@ -355,7 +358,7 @@ void register_elementwise() {
   add_rule("aten::leaky_relu", [](Ctx& c) -> V {
     DType t = c.odt();
     Value x = c.in_out(0, t);
-    Value neg = c.b.mul(x, c.scalar_or(1, 0.01, t));
+    Value neg = c.b.mul(x, c.b.broadcast_to(c.scalar_or(1, 0.01, t), x.shape()));
     return {c.b.select(c.b.compare(x, k(c.b, 0, x), Cmp::GT), x, neg)};
   });
   // elu(x) = x > 0 ? scale * x : scale * alpha * (exp(x * input_scale) - 1)
@@ -429,6 +432,18 @@ void register_elementwise() {
     DType t = c.odt();
     Value g = c.in_out(0, t), x = c.in_out(1, t);
     return {c.b.select(c.b.compare(x, k(c.b, 0, x), Cmp::GT), g, c.b.mul(g, c.in_out(2, t)))};
+  });
+  // elu_backward(g, alpha, scale, input_scale, is_result, x_or_y):
+  //   x > 0 ? g * scale : g * input_scale * (is_result ? y + alpha * scale : alpha * scale * exp(x * input_scale))
+  add_rule("aten::elu_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), alpha = c.in_out(1, t), scale = c.in_out(2, t), is = c.in_out(3, t);
+    Value v = c.in_out(5, t);
+    Value neg = c.flag(4) ? b.mul(is, b.add(v, b.mul(alpha, scale)))
+                          : b.mul(b.mul(is, b.mul(alpha, scale)), b.unary("exponential", b.mul(v, is)));
+    Value d = b.select(b.compare(v, k(b, 0, v), Cmp::GT), scale, neg);
+    return {b.convert(b.mul(g, d), c.odt())};
   });
   // softplus_backward(g, x, beta, th) = bx > th ? g : g * sigmoid(bx)
   add_rule("aten::softplus_backward", [](Ctx& c) -> V {

@@ -169,7 +169,8 @@ void register_indexing() {
     return {b.emit("gather", {x, coords}, Type{x.dtype(), out}, attrs)};
   });
   // index_put(x, indices, values, accumulate): scatter of values broadcast to x[indices]
-  add_rule("aten::index_put", [](Ctx& c) -> V {
+  for (auto n : {"aten::index_put", "aten::_index_put_impl"})
+  add_rule(n, [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
     Advanced a = advanced(c, x, c.list(1));

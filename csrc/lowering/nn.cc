@@ -319,12 +319,24 @@ void register_nn() {
     Value g = c.in(0), x = c.in(1), w = c.in(2);
     int64_t ns = x.rank() - 2;
     Shape stride = ints_n(c.ints(4), ns, 1), pad = ints_n(c.ints(5), ns, 0), dil = ints_n(c.ints(6), ns, 1);
-    if (c.flag(7) || c.int_(9) != 1) throw Unsupported("backward of transposed or grouped convolution");
+    if (c.int_(9) != 1) throw Unsupported("backward of grouped convolution");
+    bool transposed = c.flag(7);
     const auto& mask = c.ints(10);
     DType t = x.dtype();
     Value dx, dw, db;
-    if (mask.size() > 0 && mask[0]) dx = conv_input_grad(c, g, w, x.shape(), stride, pad, dil, t);
-    if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, x, g, w.shape(), stride, pad, dil, w.dtype());
+    if (!transposed) {
+      if (mask.size() > 0 && mask[0]) dx = conv_input_grad(c, g, w, x.shape(), stride, pad, dil, t);
+      if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, x, g, w.shape(), stride, pad, dil, w.dtype());
+    } else {
+      // y = conv_transpose(x, w) is the adjoint of x = conv(y, w): its input
+      // gradient is that plain convolution of g, its weight gradient correlates g with x.
+      if (mask.size() > 0 && mask[0]) {
+        std::vector<std::pair<int64_t, int64_t>> p;
+        for (int64_t i = 0; i < ns; ++i) p.push_back({pad[i], pad[i]});
+        dx = conv(c, g, w, conv_dims(ns, false), stride, p, Shape(ns, 1), dil, 1, x.shape(), t);
+      }
+      if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, g, x, w.shape(), stride, pad, dil, w.dtype());
+    }
     if (mask.size() > 2 && mask[2]) {
       std::vector<int64_t> dims{0};
       for (int64_t i = 2; i < g.rank(); ++i) dims.push_back(i);

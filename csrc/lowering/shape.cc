@@ -1,5 +1,7 @@
 // View/shape family (data-moving ops; pure views are metadata in csrc/aten):
 // copy, cat, pad, flip, roll, tril/triu, repeat_interleave-free tiling.
+#include <algorithm>
+
 #include "lowering/lowering.h"
 
 namespace tt::lower {
@@ -116,6 +118,27 @@ void register_shape() {
       dims.push_back(static_cast<int64_t>(2 * i + 1));
     }
     return {b.reshape(b.broadcast_in_dim(x, big, dims), c.oshape())};
+  });
+  // arange(start, end, step) = start + i * step (the count comes from Meta)
+  add_rule("aten::arange.start_out", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    const Shape& s = c.oshape();
+    Value i = b.convert(b.iota(DType::S64, s, 0), t);
+    Value r = b.add(b.broadcast_to(c.scalar(0, t), s), b.mul(i, b.broadcast_to(c.scalar(2, t), s)));
+    return {b.convert(r, c.odt())};
+  });
+  // linspace(start, end, steps) = start + i * (end - start) / (steps - 1)
+  add_rule("aten::linspace.out", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    if (!hlo::is_float(t)) t = DType::F32;
+    const Shape& s = c.oshape();
+    int64_t n = s.empty() ? 1 : s[0];
+    Value lo = c.scalar(0, t), hi = c.scalar(1, t);
+    Value step = b.div(b.sub(hi, lo), b.constant(static_cast<double>(std::max<int64_t>(n - 1, 1)), t));
+    Value i = b.convert(b.iota(DType::S64, s, 0), t);
+    return {b.convert(b.add(b.broadcast_to(lo, s), b.mul(i, b.broadcast_to(step, s))), c.odt())};
   });
   (void)iota_dims;
 }

@@ -1,0 +1,26 @@
+import os
+
+import pytest
+import torch
+
+import torch_tpu  # noqa: F401  (also autoloaded by `import torch`)
+
+
+@pytest.fixture
+def tpu():
+    return torch.device("tpu")
+
+
+@pytest.fixture
+def highest():
+    """Run matmul-like ops at HIGHEST precision (float32-class) for parity checks."""
+    with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
+        yield
+
+
+def assert_same(actual, expected, **kw):
+    """actual (tpu) matches expected (cpu) in values, dtype and shape."""
+    assert actual.device.type == "tpu"
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    torch.testing.assert_close(actual.cpu(), expected, **kw)

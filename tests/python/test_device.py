@@ -1,0 +1,152 @@
+"""The device API of `tpu`, as a CUDA user would use it."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def test_device_basics():
+    assert torch.tpu.is_available()
+    assert torch.tpu.device_count() >= 1
+    assert torch.tpu.current_device() == 0
+    assert torch.tpu.get_device_name().startswith("PJRT cpu")
+    x = torch.ones(3).tpu()
+    assert x.is_tpu and x.device == torch.device("tpu", 0)
+    assert torch.device("tpu").type == "tpu"
+    m = torch.nn.Linear(2, 2).tpu()
+    assert m.weight.device.type == "tpu"
+
+
+def test_autoload_on_import_torch():
+    # a fresh interpreter that only imports torch gets the tpu device
+    code = "import torch; x = torch.ones(2, device='tpu'); print(x.device, torch.tpu.is_available())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "tpu:0 True"
+
+
+def test_multiple_cpu_plugin_devices():
+    code = (
+        "import torch; assert torch.tpu.device_count() == 3\n"
+        "a = torch.arange(4., device='tpu:2'); b = (a * 2).cpu(); assert b.tolist() == [0, 2, 4, 6]\n"
+        "with torch.tpu.device(1):\n"
+        "    assert torch.tpu.current_device() == 1\n"
+        "    c = torch.ones(2, device='tpu'); assert c.device.index == 1\n"
+        "try:\n"
+        "    torch.ones(2, device='tpu:0') + torch.ones(2, device='tpu:1')\n"
+        "except RuntimeError as e:\n"
+        "    assert 'same device' in str(e)\n"
+        "else:\n"
+        "    raise SystemExit('no error for mixed devices')\n"
+        "print('ok')"
+    )
+    env = dict(**__import__("os").environ, TORCH_TPU_NUM_DEVICES="3")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"
+
+
+def test_rng_reproducible_and_state_roundtrip():
+    torch.tpu.manual_seed(1234)
+    a = torch.rand(1000, device="tpu").cpu()
+    state = torch.tpu.get_rng_state()
+    b = torch.rand(1000, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    c = torch.rand(1000, device="tpu").cpu()
+    torch.tpu.manual_seed(1234)
+    d = torch.rand(1000, device="tpu").cpu()
+    assert torch.equal(a, d)
+    assert torch.equal(b, c)
+    assert not torch.equal(a, b)
+    assert torch.tpu.initial_seed() == 1234
+    # distribution sanity: uniform mean/var, normal mean/std
+    u = torch.rand(200_000, device="tpu")
+    assert abs(u.mean().item() - 0.5) < 0.01 and 0.0 <= u.min().item() and u.max().item() < 1.0
+    n = torch.randn(200_000, device="tpu")
+    assert abs(n.mean().item()) < 0.01 and abs(n.std().item() - 1.0) < 0.01
+
+
+def test_torch_manual_seed_seeds_tpu():
+    torch.manual_seed(7)
+    a = torch.randn(16, device="tpu").cpu()
+    torch.manual_seed(7)
+    b = torch.randn(16, device="tpu").cpu()
+    assert torch.equal(a, b)
+
+
+def test_streams_events_memory():
+    s = torch.tpu.current_stream()
+    with torch.tpu.stream(s):
+        x = torch.ones(1000, device="tpu") * 2
+    e0 = torch.tpu.Event(enable_timing=True)
+    e0.record()
+    y = x + 1
+    e1 = torch.tpu.Event(enable_timing=True)
+    e1.record()
+    e1.synchronize()
+    assert e0.elapsed_time(e1) >= 0
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    z = torch.empty(1 << 20, device="tpu")
+    assert torch.tpu.memory_allocated() - before >= 4 << 20
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del z
+    assert torch.tpu.memory_allocated() == before
+    torch.tpu.empty_cache()
+    assert "allocated_bytes.all.current" in torch.tpu.memory_stats()
+    assert torch.tpu.is_bf16_supported()
+    assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()
+    assert y.sum().item() == 3000
+
+
+def test_printing_and_tolist():
+    x = torch.tensor([[1.5, -2.0], [3.0, 4.25]], device="tpu")
+    assert repr(x) == "tensor([[ 1.5000, -2.0000],\n        [ 3.0000,  4.2500]], device='tpu:0')"
+    assert x.tolist() == [[1.5, -2.0], [3.0, 4.25]]
+    assert str(torch.tensor(3, device="tpu")) == "tensor(3, device='tpu:0')"
+    assert float(x[1, 1]) == 4.25 and bool(x[0, 0] > 1)
+
+
+def test_save_load_roundtrip(tmp_path):
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).to("tpu")
+    t = torch.arange(6.0, device="tpu").view(2, 3).t()  # a non-contiguous view
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": m.state_dict(), "t": t}, path)
+    ck = torch.load(path)
+    assert ck["t"].device.type == "tpu"
+    assert torch.equal(ck["t"].cpu(), t.cpu())
+    m2 = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)).to("tpu")
+    m2.load_state_dict(ck["model"])
+    x = torch.randn(5, 4, device="tpu")
+    assert torch.equal(m(x).cpu(), m2(x).cpu())
+    cpu = torch.load(path, map_location="cpu")
+    assert cpu["t"].device.type == "cpu"
+
+
+def test_metrics_count_compiles_and_cache_hits():
+    import torch_tpu
+
+    x = torch.randn(37, 5, device="tpu")
+    torch_tpu.metrics.reset()
+    for _ in range(3):
+        y = x * 3.0 + 1.0
+    y.cpu()
+    m = torch_tpu.metrics.report()
+    assert m["executions"] >= 6
+    assert m["cache_hits"] >= 4  # the 2nd and 3rd iterations reuse both programs
+    assert m["d2h_transfers"] >= 1 and m["d2h_bytes"] >= 37 * 5 * 4
+
+
+def test_changing_scalars_does_not_recompile():
+    import torch_tpu
+
+    p = torch.randn(64, device="tpu")
+    g = torch.randn(64, device="tpu")
+    p.add_(g, alpha=-0.1)
+    torch_tpu.metrics.reset()
+    for lr in (0.01, 0.02, 0.03, 0.04):
+        p.add_(g, alpha=-lr)
+        p.mul_(1 - lr)
+    torch.tpu.synchronize()
+    m = torch_tpu.metrics.report()
+    assert m["compiles"] <= 1, m  # mul_ by a python float: at most its first compile

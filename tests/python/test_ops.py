@@ -1,0 +1,183 @@
+"""Parity of the natively lowered ops with PyTorch on CPU: values, dtype, shape,
+and gradients. Matmul-like ops run at HIGHEST precision here (float32-class);
+the precision modes themselves are tested in test_precision.py."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_tpu
+from conftest import assert_same
+
+torch.manual_seed(0)
+
+
+def r(*s, dtype=torch.float32, lo=-2.0, hi=2.0):
+    return (torch.rand(*s) * (hi - lo) + lo).to(dtype)
+
+
+def pos(*s):
+    return torch.rand(*s) + 0.1
+
+
+W4 = pos(4)
+
+# (id, function, inputs) -- inputs are CPU tensors/values; tensors that require
+# grad get their gradients compared too.
+CASES = [
+    ("add", lambda a, b: a + b, [r(3, 4), r(4)]),
+    ("add_alpha", lambda a, b: torch.add(a, b, alpha=0.5), [r(3, 4), r(3, 4)]),
+    ("sub_scalar", lambda a: a - 1.5, [r(5)]),
+    ("rsub", lambda a: 2 - a, [r(5)]),
+    ("mul", lambda a, b: a * b, [r(2, 3, 4), r(3, 1)]),
+    ("div", lambda a, b: a / b, [r(6), pos(6)]),
+    ("div_floor", lambda a, b: torch.div(a, b, rounding_mode="floor"), [r(6), pos(6)]),
+    ("div_trunc_int", lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+     [torch.tensor([7, -7, 9, -9]), torch.tensor([2, 2, -4, -4])]),
+    ("floordiv_int", lambda a, b: a // b, [torch.tensor([7, -7, 9, -9]), torch.tensor([2, 2, -4, -4])]),
+    ("remainder", lambda a, b: torch.remainder(a, b), [r(8), torch.tensor([1.5, -1.5] * 4)]),
+    ("pow2", lambda a: a ** 2, [r(5)]),
+    ("pow_frac", lambda a: a ** 1.7, [pos(5)]),
+    ("pow_tensor", lambda a, b: a ** b, [pos(5), r(5)]),
+    ("int_add_float", lambda a: a + 0.5, [torch.arange(5)]),
+    ("int_mul_int", lambda a, b: a * b, [torch.arange(5), torch.arange(5)]),
+    ("maximum", torch.maximum, [r(5), r(5)]),
+    ("clamp", lambda a: a.clamp(-0.5, 0.7), [r(10)]),
+    ("clamp_min", lambda a: a.clamp(min=0.1), [r(10)]),
+    ("where", lambda c, a, b: torch.where(c > 0, a, b), [r(4, 4), r(4, 4), r(4)]),
+    ("masked_fill", lambda a, m: a.masked_fill(m > 0, -1e9), [r(3, 5), r(3, 5)]),
+    ("lerp", lambda a, b: torch.lerp(a, b, 0.3), [r(5), r(5)]),
+    ("addcmul", lambda a, b, c: torch.addcmul(a, b, c, value=0.5), [r(5), r(5), r(5)]),
+    ("addcdiv", lambda a, b, c: torch.addcdiv(a, b, c, value=-0.5), [r(5), r(5), pos(5)]),
+    ("exp", torch.exp, [r(7)]),
+    ("log", torch.log, [pos(7)]),
+    ("log1p", torch.log1p, [pos(7)]),
+    ("sqrt", torch.sqrt, [pos(7)]),
+    ("rsqrt", torch.rsqrt, [pos(7)]),
+    ("sin_cos_tan", lambda a: torch.sin(a) + torch.cos(a) + torch.tan(a * 0.3), [r(7)]),
+    ("tanh", torch.tanh, [r(7)]),
+    ("sigmoid", torch.sigmoid, [r(7)]),
+    ("abs_neg_sign", lambda a: a.abs() - a.neg() + a.sign(), [r(7)]),
+    ("floor_ceil_round_trunc", lambda a: a.floor() + a.ceil() * 2 + a.round() * 3 + a.trunc() * 4, [r(20) * 3]),
+    ("erf", torch.erf, [r(50)]),
+    ("reciprocal", torch.reciprocal, [pos(5)]),
+    ("asin_acos_atan", lambda a: a.asin() + a.acos() + a.atan(), [r(9, lo=-0.9, hi=0.9)]),
+    ("atan2", torch.atan2, [r(9), r(9)]),
+    ("relu", F.relu, [r(9)]),
+    ("gelu", F.gelu, [r(50)]),
+    ("gelu_tanh", lambda a: F.gelu(a, approximate="tanh"), [r(50)]),
+    ("silu", F.silu, [r(50)]),
+    ("leaky_relu", lambda a: F.leaky_relu(a, 0.2), [r(9)]),
+    ("elu", F.elu, [r(9)]),
+    ("softplus", F.softplus, [r(9)]),
+    ("hardtanh", F.hardtanh, [r(9)]),
+    ("mish", F.mish, [r(9)]),
+    ("compare", lambda a, b: torch.stack([a < b, a <= b, a > b, a >= b, a == b, a != b]),
+     [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 2.0, 2.0])]),
+    ("compare_scalar", lambda a: (a > 0.5) & (a < 1.5) | (a == 3), [torch.tensor([0.0, 1.0, 3.0, 2.0])]),
+    ("logical", lambda a, b: torch.logical_and(a > 0, b > 0) ^ torch.logical_not(a > b), [r(6), r(6)]),
+    ("isnan_isinf", lambda a: torch.stack([a.isnan(), a.isinf(), a.isfinite()]),
+     [torch.tensor([1.0, float("nan"), float("inf"), -float("inf")])]),
+    ("sum", lambda a: a.sum(), [r(3, 4)]),
+    ("sum_dim", lambda a: a.sum(dim=(0, 2), keepdim=True), [r(3, 4, 5)]),
+    ("sum_int", lambda a: a.sum(1), [torch.arange(12).view(3, 4)]),
+    ("sum_bool", lambda a: (a > 0).sum(), [r(10)]),
+    ("mean", lambda a: a.mean(-1), [r(3, 4)]),
+    ("prod", lambda a: a.prod(1), [r(3, 4)]),
+    ("amax_amin", lambda a: a.amax(1) + a.amin(0).sum(), [r(4, 5)]),
+    ("max_dim", lambda a: a.max(dim=1)[0] + a.max(dim=1)[1], [torch.tensor([[1.0, 3.0, 3.0], [4.0, 0.0, 5.0]])]),
+    ("min_dim_keep", lambda a: a.min(dim=0, keepdim=True).values, [r(4, 5)]),
+    ("argmax_argmin", lambda a: torch.stack([a.argmax(), a.argmin(), a.argmax(1).sum()]), [r(4, 5)]),
+    ("var_std", lambda a: a.var(1) + a.std(0).sum() + a.var(unbiased=False), [r(4, 5)]),
+    ("var_mean", lambda a: torch.stack(torch.var_mean(a, dim=1)), [r(4, 5)]),
+    ("all_any", lambda a: torch.stack([(a > -3).all(), (a > 1.5).any(), (a > 0).all(1).any()]), [r(4, 5)]),
+    ("logsumexp", lambda a: torch.logsumexp(a, 1), [r(4, 5)]),
+    ("norm", lambda a: torch.linalg.vector_norm(a) + a.norm(dim=1).sum(), [r(4, 5)]),
+    ("cumsum", lambda a: a.cumsum(1), [r(3, 6)]),
+    ("softmax", lambda a: F.softmax(a, -1), [r(3, 7)]),
+    ("log_softmax", lambda a: F.log_softmax(a, 1), [r(3, 7)]),
+    ("layer_norm", lambda a, w, b: F.layer_norm(a, (6,), w, b), [r(2, 3, 6), r(6), r(6)]),
+    ("layer_norm_noaffine", lambda a: F.layer_norm(a, (3, 6)), [r(2, 3, 6)]),
+    ("cross_entropy", lambda a, t: F.cross_entropy(a, t), [r(5, 7), torch.tensor([0, 6, 3, 3, 1])]),
+    ("cross_entropy_ignore", lambda a, t: F.cross_entropy(a, t, ignore_index=3, reduction="sum"),
+     [r(5, 7), torch.tensor([0, 6, 3, 3, 1])]),
+    ("nll_weight", lambda a, t: F.nll_loss(F.log_softmax(a, 1), t, weight=W4.to(a.device)), [r(5, 4), torch.tensor([0, 3, 2, 1, 1])]),
+    ("mse", lambda a, b: F.mse_loss(a, b), [r(4, 3), r(4, 3)]),
+    ("mm", torch.mm, [r(5, 3), r(3, 4)]),
+    ("matmul_batched", torch.matmul, [r(2, 5, 3), r(3, 4)]),
+    ("bmm", torch.bmm, [r(2, 5, 3), r(2, 3, 4)]),
+    ("linear", F.linear, [r(4, 3), r(5, 3), r(5)]),
+    ("addmm_beta", lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0), [r(5, 4), r(5, 3), r(3, 4)]),
+    ("baddbmm", lambda c, a, b: torch.baddbmm(c, a, b), [r(2, 5, 4), r(2, 5, 3), r(2, 3, 4)]),
+    ("einsum", lambda a, b: torch.einsum("bij,bjk->bik", a, b), [r(2, 3, 4), r(2, 4, 5)]),
+    ("sdpa_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+     [r(2, 2, 5, 8), r(2, 2, 5, 8), r(2, 2, 5, 8)]),
+    ("embedding", lambda w, i: F.embedding(i, w), [r(10, 4), torch.tensor([[1, 2, 9], [0, 0, 3]])]),
+    ("embedding_pad", lambda w, i: F.embedding(i, w, padding_idx=0), [r(10, 4), torch.tensor([[1, 2, 0], [0, 0, 3]])]),
+    ("index_select", lambda a, i: a.index_select(1, i), [r(3, 5), torch.tensor([4, 0, 0, 2])]),
+    ("gather", lambda a, i: a.gather(1, i), [r(3, 5), torch.tensor([[0, 4], [1, 1], [3, 2]])]),
+    ("scatter", lambda a, i, s: a.scatter(1, i, s), [r(3, 5), torch.tensor([[0, 4], [1, 2], [3, 2]]), r(3, 2)]),
+    ("scatter_add", lambda a, i, s: a.scatter_add(0, i, s), [r(3, 5), torch.tensor([[0, 1, 2, 0, 0], [2, 2, 1, 0, 1]]), r(2, 5)]),
+    ("index_tensor", lambda a, i: a[i], [r(6, 3), torch.tensor([5, 0, -1])]),
+    ("index_2d", lambda a, i, j: a[i, :, j], [r(4, 3, 5), torch.tensor([0, 3]), torch.tensor([4, 1])]),
+    ("index_put_acc", lambda a, i, v: a.index_put((i,), v, accumulate=True), [r(5, 2), torch.tensor([0, 3, 0]), r(3, 2)]),
+    ("index_add", lambda a, i, s: a.index_add(0, i, s), [r(4, 3), torch.tensor([0, 2, 0]), r(3, 3)]),
+    ("cat", lambda a, b: torch.cat([a, b], 1), [r(2, 3), r(2, 4)]),
+    ("stack", lambda a, b: torch.stack([a, b], 0), [r(2, 3), r(2, 3)]),
+    ("pad", lambda a: F.pad(a, (1, 2, 0, 1), value=0.5), [r(2, 3, 4)]),
+    ("flip_roll", lambda a: a.flip(1) + a.roll(2, 1), [r(3, 5)]),
+    ("tril_triu", lambda a: a.tril() + a.triu(1) * 2, [r(4, 4)]),
+    ("repeat", lambda a: a.repeat(2, 1, 3), [r(2, 3)]),
+    ("transpose_contig", lambda a: a.transpose(0, 1).contiguous() * 1, [r(3, 4)]),
+    ("narrow_expand", lambda a: a[:, 1:3].expand(2, 3, 2) + 0, [r(3, 4)]),
+    ("to_dtype", lambda a: (a * 10).to(torch.int32).to(torch.float16), [r(6)]),
+    ("bf16_math", lambda a: (a.bfloat16() * 3 + 1).float(), [r(6)]),
+    ("arange_linspace", lambda a: a + torch.arange(6, device=a.device) + torch.linspace(0, 1, 6, device=a.device), [r(6)]),
+    ("conv2d", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), [r(2, 3, 9, 9), r(4, 3, 3, 3), r(4)]),
+    ("conv2d_dilated", lambda x, w: F.conv2d(x, w, dilation=2, padding=2), [r(1, 2, 8, 8), r(3, 2, 3, 3)]),
+    ("conv1d", lambda x, w: F.conv1d(x, w, padding=1), [r(2, 3, 10), r(5, 3, 3)]),
+    ("conv_transpose2d", lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+     [r(1, 3, 5, 5), r(3, 2, 3, 3)]),
+    ("max_pool2d", lambda x: F.max_pool2d(x, 2), [r(2, 3, 8, 8)]),
+    ("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), [r(1, 2, 9, 9)]),
+]
+
+GRAD_SKIP = {"compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
+             "int_add_float", "int_mul_int", "div_trunc_int", "floordiv_int", "div_floor",
+             "floor_ceil_round_trunc", "sum_bool", "to_dtype", "max_dim"}
+
+
+@pytest.mark.parametrize("name,fn,inputs", CASES, ids=[c[0] for c in CASES])
+def test_parity(name, fn, inputs, highest):
+    torch_tpu.metrics.reset()
+    grad = name not in GRAD_SKIP
+    cpu_in, tpu_in = [], []
+    for x in inputs:
+        if isinstance(x, torch.Tensor):
+            c = x.clone()
+            t = x.clone().to("tpu")
+            if grad and x.is_floating_point():
+                c.requires_grad_(True)
+                t = t.detach().requires_grad_(True)
+            cpu_in.append(c)
+            tpu_in.append(t)
+        else:
+            cpu_in.append(x)
+            tpu_in.append(x)
+    expected = fn(*cpu_in)
+    actual = fn(*tpu_in)
+    tol = dict(rtol=2e-5, atol=2e-5) if expected.dtype == torch.float32 else {}
+    if expected.dtype in (torch.bfloat16, torch.float16):
+        tol = dict(rtol=1e-2, atol=1e-2)
+    assert_same(actual, expected, **tol)
+    if grad and expected.is_floating_point():
+        g = torch.randn(expected.shape, dtype=expected.dtype)
+        expected.backward(g)
+        actual.backward(g.to("tpu"))
+        for c, t in zip(cpu_in, tpu_in):
+            if isinstance(c, torch.Tensor) and c.requires_grad:
+                assert (t.grad is None) == (c.grad is None)
+                if c.grad is not None:
+                    assert t.grad.device.type == "tpu"
+                    torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-4)
+    fb = torch_tpu.metrics.cpu_fallbacks()
+    assert not fb, f"ops fell back to the CPU: {fb}"
