@@ -32,6 +32,8 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
     TORCH_CHECK(false, e.what());
   } catch (const hlo::BuildError& e) {
     TORCH_CHECK(false, "torch_tpu could not lower ", what, ": ", e.what());
+  } catch (const lower::UserError& e) {
+    TORCH_CHECK(false, e.what());
   }
 }
 
@@ -192,6 +194,44 @@ std::string signature_exact(const c10::OperatorHandle& op, const torch::jit::Sta
   return k;
 }
 
+c10::IValue cpu_ivalue(const c10::IValue& v) {
+  auto conv = [](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu) return t;
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU)).zero_();
+  };
+  if (v.isTensor()) return conv(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(conv(t));
+    return l;
+  }
+  if (v.isList()) {
+    auto in = v.toList();
+    if (in.size() > 0 && (in.get(0).isTensor() || in.get(0).isNone())) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (size_t i = 0; i < in.size(); ++i)
+        l.push_back(in.get(i).isNone() || !in.get(i).toTensor().defined()
+                        ? std::optional<at::Tensor>()
+                        : std::optional<at::Tensor>(conv(in.get(i).toTensor())));
+      return l;
+    }
+    return v;
+  }
+  if (v.isDevice() && v.toDevice().type() == kTpu) return c10::Device(c10::kCPU);
+  if (v.isGenerator()) return c10::IValue();
+  return v;
+}
+
+void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  int64_t total = 0;
+  for (const auto& v : args)
+    if (v.isTensor() && v.toTensor().defined()) total += v.toTensor().numel();
+  if (total > (int64_t(1) << 26)) return;  // too large to stand in for; keep the Meta error
+  torch::jit::Stack cs;
+  for (const auto& v : args) cs.push_back(cpu_ivalue(v));
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cs);  // throws the CPU error
+}
+
 std::mutex g_meta_mu;
 std::unordered_map<std::string, MetaResult> g_meta_cache;
 
@@ -205,7 +245,16 @@ MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args
   torch::jit::Stack ms;
   ms.reserve(args.size());
   for (const auto& v : args) ms.push_back(meta_ivalue(v));
-  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  } catch (const std::exception&) {
+    // Some Meta kernels are Python decompositions whose messages differ from
+    // the CPU kernel's. Replay the call on CPU with zero-filled stand-ins so the
+    // user sees exactly the CPU error (type and message); if the CPU accepts
+    // it, the Meta error stands.
+    replay_on_cpu(op, args);
+    throw;
+  }
   MetaResult r;
   for (const auto& v : ms) {
     MetaOut o;

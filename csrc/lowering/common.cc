@@ -193,6 +193,21 @@ Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)
 }
 
 Value matmul(Ctx& c, Value a, Value b, const hlo::DotDims& d, DType out) {
+  if (a.dtype() != b.dtype()) {
+    auto name = [](DType t) {
+      switch (t) {
+        case DType::F32: return "float";
+        case DType::F64: return "double";
+        case DType::F16: return "c10::Half";
+        case DType::BF16: return "c10::BFloat16";
+        case DType::S64: return "long int";
+        case DType::S32: return "int";
+        default: return hlo::mlir_name(t);
+      }
+    };
+    throw UserError(std::string("expected m1 and m2 to have the same dtype, but got: ") + name(a.dtype()) +
+                    " != " + name(b.dtype()));
+  }
   auto op = [&](Value x, Value y) {
     DType acc = (x.dtype() == DType::BF16 || x.dtype() == DType::F16) ? DType::F32 : x.dtype();
     return c.b.dot_general(x, y, d, acc);

@@ -64,6 +64,13 @@ class Unsupported : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Thrown by a rule for input that PyTorch's CPU kernel rejects but the Meta
+// kernel let through; becomes a RuntimeError with this message.
+class UserError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Ctx {
  public:
   Ctx(Builder& b, Env& env, std::vector<Arg> args, std::vector<Type> outs)
