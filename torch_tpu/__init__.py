@@ -44,6 +44,9 @@ def _start():
     torch.utils.rename_privateuse1_backend("tpu")
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    prec = _os.environ.get("TORCH_TPU_MATMUL_PRECISION")
+    if prec and _device_module._init_error is None:
+        _device_module.set_matmul_precision(_device_module.Precision[prec.upper()])
     if _os.environ.get("TORCH_TPU_LAUNCH_BLOCKING") == "1":
         set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
     elif _os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
