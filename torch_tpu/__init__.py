@@ -44,6 +44,11 @@ def _start():
     torch.utils.rename_privateuse1_backend("tpu")
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
+        _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))
+    import atexit
+
+    atexit.register(_flush_at_exit)
     prec = _os.environ.get("TORCH_TPU_MATMUL_PRECISION")
     if prec and _device_module._init_error is None:
         _device_module.set_matmul_precision(_device_module.Precision[prec.upper()])
@@ -51,6 +56,16 @@ def _start():
         set_eager_mode(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING)
     elif _os.environ.get("TORCH_TPU_DEFER_AND_FUSE") == "1":
         set_eager_mode(EagerMode.DEFER_AND_FUSE)
+
+
+def _flush_at_exit():
+    from . import _C
+
+    try:
+        if _C._is_initialized():
+            _C.synchronize()
+    except Exception:  # exit must not fail because of queued device work
+        pass
 
 
 def set_eager_mode(mode):

@@ -331,6 +331,8 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     py_guard([&] { engine::Engine::get().set_mode(static_cast<engine::Mode>(mode)); return 0; });
   });
+  m.def("_set_fuse_limit", [](size_t n) { engine::Engine::get().set_fuse_limit(n); });
+  m.def("_get_fuse_limit", [] { return engine::Engine::get().fuse_limit(); });
   m.def("_get_mode", [] { return static_cast<int>(engine::Engine::get().mode()); });
   m.def("_set_precision", [](int p) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());

@@ -265,7 +265,11 @@ void Engine::set_mode(Mode m) {
 
 void Engine::op_done(int device) {
   metrics.ops++;
-  if (mode_ == Mode::DeferAndFuse) return;
+  if (mode_ == Mode::DeferAndFuse) {
+    auto it = graphs_.find(device);
+    if (it != graphs_.end() && it->second && it->second->ops.size() >= fuse_limit_) flush(device);
+    return;
+  }
   flush(device);
   if (mode_ == Mode::Debug) rt::Client::get().wait_all();
 }
@@ -357,6 +361,11 @@ void Engine::flush(int device) {
   for (size_t i = 0; i < g->entries_.size(); ++i) {
     auto& e = g->entries_[i];
     if (e.written && e.st->alive.load()) {
+      // An overwritten storage whose buffer nothing else holds donates it to
+      // its new value (in-place updates do not double memory).
+      if (e.param >= 0 && e.st->buffer && e.st->buffer.use_count() == 1 &&
+          e.cur.type == Type{e.st->dtype, {e.st->numel()}})
+        g->b.alias(e.param, static_cast<int>(results.size()));
       out_entries.push_back(static_cast<int>(i));
       results.push_back(e.cur);
     }

@@ -117,6 +117,10 @@ class Engine {
   lower::Precision precision() const { return precision_; }
   void set_precision(lower::Precision p) { precision_ = p; }
 
+  // DeferAndFuse flushes a graph once it holds this many ops.
+  void set_fuse_limit(size_t n) { fuse_limit_ = n ? n : 1; }
+  size_t fuse_limit() const { return fuse_limit_; }
+
   Metrics metrics;
   size_t cache_size() const { return cache_.size(); }
   void clear_cache() { cache_.clear(); }
@@ -131,6 +135,7 @@ class Engine {
   std::unordered_map<std::string, rt::ExecutablePtr> cache_;
   std::unordered_map<std::string, rt::BufferPtr> scalars_;
   Mode mode_ = Mode::Strict;
+  size_t fuse_limit_ = 4096;
   lower::Precision precision_ = lower::Precision::DEFAULT;
   std::string last_program_;
 };
