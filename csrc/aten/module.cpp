@@ -281,6 +281,8 @@ py::dict metrics_dict() {
   d["ops"] = m.ops.load();
   d["flushes"] = m.flushes.load();
   d["compile_seconds"] = m.compile_ns.load() / 1e9;
+  d["flush_seconds"] = m.flush_ns.load() / 1e9;
+  d["program_bytes"] = m.program_bytes.load();
   d["h2d_transfers"] = m.h2d_transfers.load();
   d["h2d_bytes"] = m.h2d_bytes.load();
   d["d2h_transfers"] = m.d2h_transfers.load();
@@ -292,7 +294,7 @@ py::dict metrics_dict() {
 
 void reset_metrics() {
   auto& m = engine::Engine::get().metrics;
-  for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns,
+  for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes,
                   &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
     *c = 0;
   aten::reset_fallback_counts();

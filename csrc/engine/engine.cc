@@ -372,7 +372,16 @@ void Engine::flush(int device) {
   }
   if (results.empty()) return;
   metrics.flushes++;
+  auto t_start = std::chrono::steady_clock::now();
+  struct Timer {
+    std::chrono::steady_clock::time_point t0;
+    std::atomic<int64_t>& acc;
+    ~Timer() {
+      acc += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+    }
+  } timer{t_start, metrics.flush_ns};
   std::string text = g->b.module(results);
+  metrics.program_bytes += static_cast<int64_t>(text.size());
   last_program_ = text;
   rt::ExecutablePtr exe;
   try {

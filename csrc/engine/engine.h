@@ -52,7 +52,7 @@ enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
 struct Metrics {
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, executions{0}, ops{0};
   std::atomic<int64_t> h2d_transfers{0}, h2d_bytes{0}, d2h_transfers{0}, d2h_bytes{0};
-  std::atomic<int64_t> flushes{0}, compile_ns{0};
+  std::atomic<int64_t> flushes{0}, compile_ns{0}, flush_ns{0}, program_bytes{0};
 };
 
 // One deferred program on one device.
