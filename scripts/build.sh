@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+# ccache hits across clones in other folders (CI builds in a fresh clone)
+export CCACHE_BASEDIR="$(pwd)" CCACHE_NOHASHDIR=1
+# the build must not autoload a stale torch_tpu through `import torch`
+export TORCH_DEVICE_BACKEND_AUTOLOAD=0
 TORCH_PREFIX=$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')
 PLUGIN=$($PY -c 'import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)' 2>/dev/null || true)
 GEN=()

@@ -29,6 +29,15 @@ class EagerMode(_enum.IntEnum):
     DEFER_AND_FUSE = 2                   # fused eager: ops are deferred and fused until a host read
 
 
+def _cache_dir():
+    """TORCH_TPU_CACHE_DIR (empty: no disk cache), else $XDG_CACHE_HOME/torch_tpu or ~/.cache/torch_tpu."""
+    d = _os.environ.get("TORCH_TPU_CACHE_DIR")
+    if d is not None:
+        return d
+    base = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    return _os.path.join(base, "torch_tpu")
+
+
 def _start():
     from . import _C
 
@@ -44,6 +53,8 @@ def _start():
     torch.utils.rename_privateuse1_backend("tpu")
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    _device_module._hook_torch_matmul_precision()
+    _C._set_cache_dir(_cache_dir())
     if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
         _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))
     import atexit

@@ -273,15 +273,33 @@ class Precision(enum.IntEnum):
     HIGHEST = 2  # bf16x6 (6 passes, float32-class accuracy)
 
 
-_prec_lock = threading.Lock()
-
-
 def set_matmul_precision(p):
+    """Sets the precision of float32 matmul-like ops on tpu (process-wide)."""
     _C._set_precision(int(Precision(p)))
 
 
 def get_matmul_precision():
     return Precision(_C._get_precision())
+
+
+_TORCH_NAMES = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
+
+
+def _hook_torch_matmul_precision():
+    """torch.set_float32_matmul_precision("medium"|"high"|"highest") also sets the
+    tpu mode (DEFAULT|HIGH|HIGHEST); what it means for CPU and CUDA is unchanged."""
+    orig = torch.set_float32_matmul_precision
+    if getattr(orig, "_tpu", False):
+        return
+
+    def set_float32_matmul_precision(precision):
+        orig(precision)
+        if _init_error is None and precision in _TORCH_NAMES:
+            set_matmul_precision(_TORCH_NAMES[precision])
+
+    set_float32_matmul_precision.__doc__ = orig.__doc__
+    set_float32_matmul_precision._tpu = True
+    torch.set_float32_matmul_precision = set_float32_matmul_precision
 
 
 @contextlib.contextmanager

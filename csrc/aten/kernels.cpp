@@ -311,6 +311,7 @@ class OpEnv final : public lower::Env {
             g_.scalar_param(static_cast<double>(static_cast<uint32_t>(offset)), true, hlo::DType::U32)};
   }
   lower::Precision precision() const override { return Engine::get().precision(); }
+  bool native_precision() const override { return rt::Client::get().platform_name() == "tpu"; }
 
  private:
   engine::Graph& g_;

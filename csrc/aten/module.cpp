@@ -289,12 +289,17 @@ py::dict metrics_dict() {
   d["d2h_bytes"] = m.d2h_bytes.load();
   d["cpu_fallbacks"] = aten::fallback_counts();
   d["cache_entries"] = engine::Engine::get().cache_size();
+  d["disk_cache_hits"] = m.disk_hits.load();
+  d["disk_cache_misses"] = m.disk_misses.load();
+  d["disk_cache_writes"] = m.disk_writes.load();
+  d["disk_cache_errors"] = m.disk_errors.load();
   return d;
 }
 
 void reset_metrics() {
   auto& m = engine::Engine::get().metrics;
-  for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes,
+  for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes, &m.disk_hits, &m.disk_misses,
+                  &m.disk_writes, &m.disk_errors,
                   &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
     *c = 0;
   aten::reset_fallback_counts();
@@ -333,6 +338,11 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     py_guard([&] { engine::Engine::get().set_mode(static_cast<engine::Mode>(mode)); return 0; });
   });
+  m.def("_set_cache_dir", [](const std::string& d) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Engine::get().set_cache_dir(d);
+  });
+  m.def("_get_cache_dir", [] { return engine::Engine::get().cache_dir(); });
   m.def("_set_fuse_limit", [](size_t n) { engine::Engine::get().set_fuse_limit(n); });
   m.def("_get_fuse_limit", [] { return engine::Engine::get().fuse_limit(); });
   m.def("_get_mode", [] { return static_cast<int>(engine::Engine::get().mode()); });

@@ -2,8 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
+#include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace tt::engine {
 
@@ -292,13 +297,122 @@ rt::ExecutablePtr Engine::compile(const std::string& text) {
     return it->second;
   }
   metrics.cache_misses++;
+  if (auto cached = disk_load(text)) {
+    if (cache_.size() >= 8192) cache_.clear();
+    cache_[text] = cached;
+    return cached;
+  }
   auto t0 = std::chrono::steady_clock::now();
   auto exe = rt::Client::get().compile(text);
   metrics.compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
   metrics.compiles++;
+  disk_store(text, *exe);
   if (cache_.size() >= 8192) cache_.clear();
   cache_[text] = exe;
   return exe;
+}
+
+// ---- persistent cache. File: magic, key check, blob size, blob, blob checksum.
+namespace {
+const char kMagic[8] = {'T', 'T', 'P', 'C', 'A', 'C', 'H', '1'};
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string cache_key(const std::string& text) {
+  auto& c = rt::Client::get();
+  return text + "\n// options: portable, 1 replica, 1 partition\n// platform: " + c.platform_name() + " " +
+         c.platform_version() + " api " + std::to_string(c.api_minor()) + " plugin " + c.plugin_path();
+}
+
+void make_dirs(const std::string& dir) {
+  std::string cur;
+  std::stringstream ss(dir);
+  std::string part;
+  if (!dir.empty() && dir[0] == '/') cur = "/";
+  while (std::getline(ss, part, '/')) {
+    if (part.empty()) continue;
+    cur += part + "/";
+    mkdir(cur.c_str(), 0755);
+  }
+}
+}  // namespace
+
+rt::ExecutablePtr Engine::disk_load(const std::string& text) {
+  if (cache_dir_.empty()) return nullptr;
+  std::string key = cache_key(text);
+  uint64_t h1 = fnv1a(key), h2 = fnv1a(key, 0x9E3779B97F4A7C15ull);
+  char name[40];
+  snprintf(name, sizeof name, "%016llx.bin", static_cast<unsigned long long>(h1));
+  std::string path = cache_dir_ + "/" + name;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    metrics.disk_misses++;
+    return nullptr;
+  }
+  auto bad = [&]() -> rt::ExecutablePtr {
+    metrics.disk_errors++;
+    metrics.disk_misses++;
+    in.close();
+    std::remove(path.c_str());  // corrupt or stale: recompile and rewrite
+    return nullptr;
+  };
+  char magic[8];
+  uint64_t check = 0, size = 0, sum = 0;
+  if (!in.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return bad();
+  if (!in.read(reinterpret_cast<char*>(&check), 8) || check != h2) return bad();
+  if (!in.read(reinterpret_cast<char*>(&size), 8) || size > (uint64_t(1) << 34)) return bad();
+  std::string blob(size, '\0');
+  if (!in.read(&blob[0], static_cast<std::streamsize>(size))) return bad();
+  if (!in.read(reinterpret_cast<char*>(&sum), 8) || sum != fnv1a(blob)) return bad();
+  try {
+    auto exe = rt::Client::get().deserialize(blob);
+    metrics.disk_hits++;
+    return exe;
+  } catch (const rt::Error&) {
+    return bad();
+  }
+}
+
+void Engine::disk_store(const std::string& text, const rt::Executable& exe) {
+  if (cache_dir_.empty()) return;
+  std::string blob = exe.serialize();
+  if (blob.empty()) return;
+  std::string key = cache_key(text);
+  uint64_t h1 = fnv1a(key), h2 = fnv1a(key, 0x9E3779B97F4A7C15ull), size = blob.size(), sum = fnv1a(blob);
+  char name[40];
+  snprintf(name, sizeof name, "%016llx.bin", static_cast<unsigned long long>(h1));
+  make_dirs(cache_dir_);
+  std::string path = cache_dir_ + "/" + name;
+  std::string tmp = path + ".tmp" + std::to_string(getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      metrics.disk_errors++;
+      return;
+    }
+    out.write(kMagic, 8);
+    out.write(reinterpret_cast<const char*>(&h2), 8);
+    out.write(reinterpret_cast<const char*>(&size), 8);
+    out.write(blob.data(), static_cast<std::streamsize>(blob.size()));
+    out.write(reinterpret_cast<const char*>(&sum), 8);
+    if (!out) {
+      metrics.disk_errors++;
+      std::remove(tmp.c_str());
+      return;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    metrics.disk_errors++;
+    std::remove(tmp.c_str());
+    return;
+  }
+  metrics.disk_writes++;
 }
 
 rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) {

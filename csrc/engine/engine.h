@@ -53,6 +53,7 @@ struct Metrics {
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, executions{0}, ops{0};
   std::atomic<int64_t> h2d_transfers{0}, h2d_bytes{0}, d2h_transfers{0}, d2h_bytes{0};
   std::atomic<int64_t> flushes{0}, compile_ns{0}, flush_ns{0}, program_bytes{0};
+  std::atomic<int64_t> disk_hits{0}, disk_misses{0}, disk_writes{0}, disk_errors{0};
 };
 
 // One deferred program on one device.
@@ -124,6 +125,10 @@ class Engine {
   Metrics metrics;
   size_t cache_size() const { return cache_.size(); }
   void clear_cache() { cache_.clear(); }
+  // Persistent compile cache: serialized executables under `dir` ("" = off),
+  // keyed by program text, compile options, plugin platform and version.
+  void set_cache_dir(const std::string& dir) { cache_dir_ = dir; }
+  const std::string& cache_dir() const { return cache_dir_; }
   // The StableHLO text of the last flushed program (debugging aid).
   const std::string& last_program() const { return last_program_; }
 
@@ -138,6 +143,9 @@ class Engine {
   size_t fuse_limit_ = 4096;
   lower::Precision precision_ = lower::Precision::DEFAULT;
   std::string last_program_;
+  std::string cache_dir_;
+  rt::ExecutablePtr disk_load(const std::string& text);
+  void disk_store(const std::string& text, const rt::Executable& exe);
 };
 
 PJRT_Buffer_Type pjrt_type(DType t);

@@ -468,7 +468,7 @@ Value Builder::reduce_window(Value x, Value init, const Shape& window, const Sha
 }
 
 // ---------------------------------------------------------------- contraction
-Value Builder::dot_general(Value a, Value b, const DotDims& d, DType result) {
+Value Builder::dot_general(Value a, Value b, const DotDims& d, DType result, const std::string& precision) {
   if (a.dtype() != b.dtype()) throw BuildError("dot_general: operand element types differ");
   Shape s;
   auto in = [](const std::vector<int64_t>& v, int64_t i) {
@@ -491,12 +491,15 @@ Value Builder::dot_general(Value a, Value b, const DotDims& d, DType result) {
   field("rhs_contracting_dimensions", d.rhs_contract);
   for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
   dn += ">";
+  if (!precision.empty())
+    dn += ", precision_config = [#stablehlo<precision " + precision + ">, #stablehlo<precision " + precision + ">]";
   return emit("dot_general", {a, b}, Type{result, s}, dn);
 }
 
 Value Builder::convolution(Value lhs, Value rhs, const ConvDims& d, const Shape& strides,
                            const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dil,
-                           const Shape& rhs_dil, int64_t groups, const Shape& out_shape, DType result) {
+                           const Shape& rhs_dil, int64_t groups, const Shape& out_shape, DType result,
+                           const std::string& precision) {
   auto layout = [](int64_t rank, int64_t b, int64_t f, const std::vector<int64_t>& sp, const char* bn,
                    const char* fn) {
     std::vector<std::string> pos(rank);
@@ -520,6 +523,8 @@ Value Builder::convolution(Value lhs, Value rhs, const ConvDims& d, const Shape&
                       "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>, lhs_dilation = " +
                       i64_array(lhs_dil) + ", rhs_dilation = " + i64_array(rhs_dil) +
                       ", feature_group_count = " + std::to_string(groups) + " : i64, batch_group_count = 1 : i64";
+  if (!precision.empty())
+    attrs += ", precision_config = [#stablehlo<precision " + precision + ">, #stablehlo<precision " + precision + ">]";
   return emit("convolution", {lhs, rhs}, Type{result, out_shape}, attrs);
 }
 

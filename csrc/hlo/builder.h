@@ -137,10 +137,12 @@ class Builder {
                       const std::vector<std::pair<int64_t, int64_t>>& padding, const std::string& body);
 
   // ---- contraction
-  Value dot_general(Value a, Value b, const DotDims& d, DType result);
+  // precision: "" (plugin default) or DEFAULT / HIGH / HIGHEST (precision_config)
+  Value dot_general(Value a, Value b, const DotDims& d, DType result, const std::string& precision = "");
   Value convolution(Value lhs, Value rhs, const ConvDims& d, const Shape& strides,
                     const std::vector<std::pair<int64_t, int64_t>>& padding, const Shape& lhs_dilation,
-                    const Shape& rhs_dilation, int64_t feature_groups, const Shape& out_shape, DType result);
+                    const Shape& rhs_dilation, int64_t feature_groups, const Shape& out_shape, DType result,
+                    const std::string& precision = "");
 
   // ---- indexing
   // Gathers x[idx] along `dim` (idx: integer tensor of any shape, already in range);

@@ -157,7 +157,8 @@ Value keep_dims(Builder& b, Value r, const Shape& full, const std::vector<int64_
 
 // matmul precision: split f32 into bf16 parts hi + mid + lo and sum the products
 // of the parts that the mode keeps, smallest first.
-Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)>& op, DType out) {
+Value contract(Ctx& c, Value a, Value b, const ContractFn& op3, DType out) {
+  auto op = [&](Value x, Value y) { return op3(x, y, ""); };
   Builder& B = c.b;
   DType t = a.dtype();
   if (b.dtype() != t) {
@@ -166,6 +167,11 @@ Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)
     b = B.convert(b, t);
   }
   if (t != DType::F32) return B.convert(op(a, b), out);  // bf16/f16 accumulate in f32 inside op
+  Precision p = c.env.precision();
+  if (c.env.native_precision()) {
+    static const char* names[] = {"DEFAULT", "HIGH", "HIGHEST"};
+    return B.convert(op3(a, b, names[static_cast<int>(p)]), out);
+  }
   auto split = [&](Value x, int parts) {
     std::vector<Value> ps;
     Value rest = x;
@@ -176,7 +182,6 @@ Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)
     }
     return ps;
   };
-  Precision p = c.env.precision();
   int parts = p == Precision::DEFAULT ? 1 : p == Precision::HIGH ? 2 : 3;
   auto pa = split(a, parts), pb = split(b, parts);
   Value r;
@@ -208,9 +213,9 @@ Value matmul(Ctx& c, Value a, Value b, const hlo::DotDims& d, DType out) {
     throw UserError(std::string("expected m1 and m2 to have the same dtype, but got: ") + name(a.dtype()) +
                     " != " + name(b.dtype()));
   }
-  auto op = [&](Value x, Value y) {
+  auto op = [&](Value x, Value y, const std::string& prec) {
     DType acc = (x.dtype() == DType::BF16 || x.dtype() == DType::F16) ? DType::F32 : x.dtype();
-    return c.b.dot_general(x, y, d, acc);
+    return c.b.dot_general(x, y, d, acc, prec);
   };
   return contract(c, a, b, op, out);
 }

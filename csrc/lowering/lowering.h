@@ -55,6 +55,9 @@ class Env {
   // words; advances the device generator by n.
   virtual std::pair<Value, Value> rng(int64_t n) = 0;
   virtual Precision precision() const = 0;
+  // True where the plugin implements precision_config itself (TPU): contractions
+  // are then emitted once with the mode, instead of as bf16 splits.
+  virtual bool native_precision() const { return false; }
 };
 
 // Thrown by a rule for an argument combination it does not lower; the op then
@@ -126,9 +129,11 @@ DType compute_type(DType t);  // f16/bf16 -> f32 (accumulation type), else t
 // The one place matmul-like ops contract: float32 operands follow the active
 // precision mode; bf16/f16 multiply in their own type with f32 accumulation.
 Value matmul(Ctx& c, Value a, Value b, const hlo::DotDims& d, DType out);
-// The same for any bilinear contraction `op` (convolutions): op(x, y) must
-// accept bf16 operands and produce f32 (or x's type for f64/int).
-Value contract(Ctx& c, Value a, Value b, const std::function<Value(Value, Value)>& op, DType out);
+// The same for any bilinear contraction `op` (convolutions): op(x, y, precision)
+// must accept bf16 operands and produce f32 (or x's type for f64/int);
+// `precision` is "" or the precision_config name to emit.
+using ContractFn = std::function<Value(Value, Value, const std::string&)>;
+Value contract(Ctx& c, Value a, Value b, const ContractFn& op, DType out);
 // Sum of x over dims in the accumulation type, converted back to x's type when keep_type.
 Value sum(Builder& b, Value x, const std::vector<int64_t>& dims);
 Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<int64_t>& dims);

@@ -68,9 +68,9 @@ hlo::ConvDims conv_dims(int64_t n_spatial, bool swap_kernel_io) {
 Value conv(Ctx& c, Value lhs, Value rhs, const hlo::ConvDims& d, const Shape& strides,
            const std::vector<std::pair<int64_t, int64_t>>& pad, const Shape& lhs_dil, const Shape& rhs_dil,
            int64_t groups, const Shape& out_shape, DType out) {
-  auto op = [&](Value x, Value y) {
+  auto op = [&](Value x, Value y, const std::string& prec) {
     DType acc = (x.dtype() == DType::BF16 || x.dtype() == DType::F16) ? DType::F32 : x.dtype();
-    return c.b.convolution(x, y, d, strides, pad, lhs_dil, rhs_dil, groups, out_shape, acc);
+    return c.b.convolution(x, y, d, strides, pad, lhs_dil, rhs_dil, groups, out_shape, acc, prec);
   };
   return contract(c, lhs, rhs, op, out);
 }

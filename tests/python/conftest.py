@@ -1,5 +1,8 @@
 import os
 
+# Tests count compiles: no persistent cache unless a test asks for one.
+os.environ.setdefault("TORCH_TPU_CACHE_DIR", "")
+
 import pytest
 import torch
 
