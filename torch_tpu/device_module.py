@@ -252,12 +252,16 @@ def max_memory_allocated(device=None):
 
 def reset_peak_memory_stats(device=None):
     _C.reset_peak_memory_stats()
+    _C.reset_peak_buffer_bytes()
 
 
 def memory_stats(device=None):
     stats = {
         "allocated_bytes.all.current": _C.memory_allocated(),
         "allocated_bytes.all.peak": _C.max_memory_allocated(),
+        # bytes of device buffers that exist (deferred or fused-away tensors have none)
+        "buffer_bytes.all.current": _C.buffer_bytes(),
+        "buffer_bytes.all.peak": _C.peak_buffer_bytes(),
     }
     for k, v in _C.device_memory_stats(_index(device)).items():
         stats[f"device.{k}"] = v

@@ -387,6 +387,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("memory_allocated", [] { return aten::allocated_bytes(); });
   m.def("max_memory_allocated", [] { return aten::peak_allocated_bytes(); });
   m.def("reset_peak_memory_stats", [] { aten::reset_peak_allocated(); });
+  m.def("buffer_bytes", [] { return rt::Buffer::live_bytes(); });
+  m.def("peak_buffer_bytes", [] { return rt::Buffer::peak_bytes(); });
+  m.def("reset_peak_buffer_bytes", [] { rt::Buffer::reset_peak(); });
   m.def("device_memory_stats", [](int d) {
     py::dict out;
     auto s = py_guard([&] { return rt::Client::get().memory_stats(d); });

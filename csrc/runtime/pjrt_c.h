@@ -158,6 +158,7 @@ struct PJRT_Buffer_ToHostBuffer_Args {
   size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* src; void* host_layout;
   void* dst; size_t dst_size; PJRT_Event* event;
 };
+struct PJRT_Buffer_OnDeviceSizeInBytes_Args { size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* buffer; size_t size; };
 struct PJRT_Buffer_ReadyEvent_Args { size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* buffer; PJRT_Event* event; };
 
 #define TT_FN(name) PJRT_Error* (*name)(name##_Args*)
@@ -231,7 +232,7 @@ struct PJRT_Api {
   PJRT_Slot PJRT_Buffer_UnpaddedDimensions;
   PJRT_Slot PJRT_Buffer_DynamicDimensionIndices;
   PJRT_Slot PJRT_Buffer_GetMemoryLayout;
-  PJRT_Slot PJRT_Buffer_OnDeviceSizeInBytes;
+  TT_FN(PJRT_Buffer_OnDeviceSizeInBytes);
   PJRT_Slot PJRT_Buffer_Device;
   PJRT_Slot PJRT_Buffer_Memory;
   PJRT_Slot PJRT_Buffer_Delete;

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+
 #include <cstring>
 
 namespace tt::rt {
@@ -76,7 +78,31 @@ void Event::await() {
 }
 
 // ---------------------------------------------------------------- Buffer
+namespace {
+std::atomic<int64_t> g_live_bytes{0}, g_peak_bytes{0};
+}
+
+Buffer::Buffer(const PJRT_Api* api, PJRT_Buffer* b) : api_(api), b_(b) {
+  auto a = TT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args, size);
+  a.buffer = b_;
+  PJRT_Error* e = api_->PJRT_Buffer_OnDeviceSizeInBytes(&a);
+  if (e) {
+    try { check(api_, e, "Buffer_OnDeviceSizeInBytes"); } catch (...) {}
+    return;
+  }
+  bytes_ = static_cast<int64_t>(a.size);
+  int64_t live = g_live_bytes += bytes_;
+  int64_t peak = g_peak_bytes.load();
+  while (live > peak && !g_peak_bytes.compare_exchange_weak(peak, live)) {
+  }
+}
+
+int64_t Buffer::live_bytes() { return g_live_bytes.load(); }
+int64_t Buffer::peak_bytes() { return g_peak_bytes.load(); }
+void Buffer::reset_peak() { g_peak_bytes = g_live_bytes.load(); }
+
 Buffer::~Buffer() {
+  g_live_bytes -= bytes_;
   if (!b_) return;
   auto a = TT_ARGS(PJRT_Buffer_Destroy_Args, buffer);
   a.buffer = b_;

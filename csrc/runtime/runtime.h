@@ -43,16 +43,21 @@ class Event {
 // Owns one PJRT_Buffer.
 class Buffer {
  public:
-  Buffer(const PJRT_Api* api, PJRT_Buffer* b) : api_(api), b_(b) {}
+  Buffer(const PJRT_Api* api, PJRT_Buffer* b);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   PJRT_Buffer* get() const { return b_; }
   // Copies the whole (dense, row-major) buffer to `dst`; blocks until done.
   void to_host(void* dst, size_t nbytes) const;
+  // Bytes held by live buffers of this process (device memory actually in use) and its peak.
+  static int64_t live_bytes();
+  static int64_t peak_bytes();
+  static void reset_peak();
  private:
   const PJRT_Api* api_;
   PJRT_Buffer* b_;
+  int64_t bytes_ = 0;
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
