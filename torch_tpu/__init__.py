@@ -54,6 +54,10 @@ def _start():
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     _device_module._hook_torch_matmul_precision()
+    try:  # TPUs compute in bfloat16: make it autocast's default dtype for tpu
+        torch.set_autocast_dtype("tpu", torch.bfloat16)
+    except (AttributeError, RuntimeError):
+        pass
     _C._set_cache_dir(_cache_dir())
     if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
         _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))

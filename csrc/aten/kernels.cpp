@@ -2,12 +2,14 @@
 // op, the storage/view kernels, copies, and the CPU fallback.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <set>
@@ -233,6 +235,8 @@ void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args)
 }
 
 std::mutex g_meta_mu;
+std::atomic<int64_t> g_meta_runs{0};
+struct MetaUnavailable {};
 std::unordered_map<std::string, MetaResult> g_meta_cache;
 
 MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
@@ -242,6 +246,7 @@ MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args
     auto it = g_meta_cache.find(key);
     if (it != g_meta_cache.end()) return it->second;
   }
+  g_meta_runs++;
   torch::jit::Stack ms;
   ms.reserve(args.size());
   for (const auto& v : args) ms.push_back(meta_ivalue(v));
@@ -253,7 +258,9 @@ MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args
     // user sees exactly the CPU error (type and message); if the CPU accepts
     // it, the Meta error stands.
     replay_on_cpu(op, args);
-    throw;
+    // The CPU accepts it: the Meta kernel cannot compute this output shape
+    // (data-dependent, e.g. boolean-mask indexing); run the call on the CPU.
+    throw MetaUnavailable();
   }
   MetaResult r;
   for (const auto& v : ms) {
@@ -397,7 +404,13 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
   }
 
-  MetaResult meta = run_meta(op, args, info.factory);
+  MetaResult meta;
+  try {
+    meta = run_meta(op, args, info.factory);
+  } catch (const MetaUnavailable&) {
+    fallback_impl(op, stack, "data-dependent output shape");
+    return;
+  }
 
   // out= arguments resized by the meta kernel are resized here too
   for (size_t k = 0; k < info.ret_alias.size(); ++k) {
@@ -833,6 +846,7 @@ int register_lowered_ops() {
 }
 
 std::vector<std::string> lowered_op_names() { return g_lowered; }
+int64_t meta_runs() { return g_meta_runs.load(); }
 
 std::map<std::string, int64_t> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_fb_mu);
@@ -845,3 +859,29 @@ void reset_fallback_counts() {
 }
 
 }  // namespace tt::aten
+
+// Autocast registrations use ATen's unqualified type names, so they live in at::autocast.
+namespace at::autocast {
+namespace {
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+// Autocast for tpu: the cast policies CUDA uses (matmul-like ops in the autocast
+// dtype, numerically sensitive ops in float32); everything else falls through.
+
+#define TT_AUTOCAST_LOWER(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TT_AUTOCAST_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define TT_AUTOCAST_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define TT_AUTOCAST_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+#define TT_AUTOCAST_APPEND(REDISPATCH_FUNC, REGISTER_NAME, REGISTER_SIGNATURE, REDISPATCH_SIGNATURE, POLICY) \
+  KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE(REDISPATCH_FUNC, REGISTER_NAME, REGISTER_SIGNATURE,     \
+                                                      REDISPATCH_SIGNATURE, POLICY)
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  AT_FORALL_LOWER_PRECISION_FP(TT_AUTOCAST_LOWER)
+  AT_FORALL_FP32(TT_AUTOCAST_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(TT_AUTOCAST_FP32_OPT)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(TT_AUTOCAST_APPEND)
+  AT_FORALL_PROMOTE(TT_AUTOCAST_PROMOTE)
+}
+
+}  // namespace
+}  // namespace at::autocast

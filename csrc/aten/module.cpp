@@ -288,6 +288,7 @@ py::dict metrics_dict() {
   d["d2h_transfers"] = m.d2h_transfers.load();
   d["d2h_bytes"] = m.d2h_bytes.load();
   d["cpu_fallbacks"] = aten::fallback_counts();
+  d["meta_runs"] = aten::meta_runs();
   d["cache_entries"] = engine::Engine::get().cache_size();
   d["disk_cache_hits"] = m.disk_hits.load();
   d["disk_cache_misses"] = m.disk_misses.load();

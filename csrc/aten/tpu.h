@@ -36,6 +36,7 @@ std::pair<uint64_t, uint64_t> generator_take(int device, uint64_t n);  // (seed,
 int register_lowered_ops();
 at::PrivateUse1HooksInterface* hooks();
 std::vector<std::string> lowered_op_names();
+int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)
 std::map<std::string, int64_t> fallback_counts();
 void reset_fallback_counts();
 

@@ -32,6 +32,17 @@ void register_random() {
   add_rule("aten::uniform", uniform);
   add_rule("aten::normal_", normal);
   add_rule("aten::normal_functional", normal);
+  // random_(self, from, to): from + floor(u * (to - from)) (integers in [from, to))
+  for (auto n : {"aten::random_.from", "aten::random.from"})
+    add_rule(n, [](Ctx& c) -> V {
+      Builder& b = c.b;
+      if (!c.has(2)) throw Unsupported("random_ without an upper bound");
+      const Shape& s = c.oshape();
+      Value u = b.convert(uniform01(c, s), DType::F64);
+      Value lo = b.broadcast_to(c.scalar(1, DType::F64), s), hi = b.broadcast_to(c.scalar(2, DType::F64), s);
+      Value r = b.add(lo, b.unary("floor", b.mul(u, b.sub(hi, lo))));
+      return {b.convert(r, c.odt())};
+    });
   // bernoulli_(self, p): u < p
   add_rule("aten::bernoulli_.float", [](Ctx& c) -> V {
     Builder& b = c.b;

@@ -90,3 +90,28 @@ def test_debug_mode_reports_errors_at_the_op():
         with pytest.raises(RuntimeError):
             torch.ones(2, device="tpu") + torch.ones(3, device="tpu")
     assert torch_tpu.get_eager_mode() == torch_tpu.EagerMode.DEFER_NEVER
+
+
+def test_data_dependent_shapes_run_correctly():
+    x = torch.tensor([[1.0, -2.0], [3.0, -4.0]])
+    t = x.to("tpu")
+    assert torch.equal(t[t > 0].cpu(), x[x > 0])
+    assert torch.equal(torch.masked_select(t, t < 0).cpu(), torch.masked_select(x, x < 0))
+    assert torch.unique(torch.tensor([3, 1, 3], device="tpu")).tolist() == [1, 3]
+
+
+def test_autocast_bfloat16():
+    lin = torch.nn.Linear(8, 4).to("tpu")
+    x = torch.randn(2, 8, device="tpu")
+    with torch.autocast("tpu"):  # bfloat16 is the default autocast dtype for tpu
+        y = lin(x)
+        s = torch.softmax(y, -1)
+    assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
+    ref = torch.nn.functional.linear(x.cpu().bfloat16(), lin.weight.cpu().bfloat16(), lin.bias.cpu().bfloat16())
+    torch.testing.assert_close(y.cpu(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_randint_on_device():
+    torch.tpu.manual_seed(3)
+    r = torch.randint(2, 9, (1000,), device="tpu").cpu()
+    assert r.min().item() >= 2 and r.max().item() <= 8 and len(set(r.tolist())) == 7
