@@ -105,36 +105,47 @@ struct MetaResult {
   std::vector<MetaOut> rets;
 };
 
-at::Tensor to_meta(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != kTpu) return t;
-  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-}
-
-c10::IValue meta_ivalue(const c10::IValue& v) {
-  if (v.isTensor()) return to_meta(v.toTensor());
+// The IValue with every tpu tensor replaced by conv(t) and tpu devices by `dev`
+// (inputs for running the same call under another dispatch key).
+template <typename Conv>
+c10::IValue map_tensors(const c10::IValue& v, const Conv& conv, c10::Device dev) {
+  auto one = [&](const at::Tensor& t) { return (!t.defined() || t.device().type() != kTpu) ? t : conv(t); };
+  if (v.isTensor()) return one(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorList()) l.push_back(to_meta(t));
+    for (const at::Tensor& t : v.toTensorList()) l.push_back(one(t));
     return l;
   }
   if (v.isList()) {
     auto in = v.toList();
     if (in.size() > 0 && (in.get(0).isTensor() || in.get(0).isNone())) {
-      bool opt = false;
-      for (size_t i = 0; i < in.size(); ++i) opt |= in.get(i).isNone();
       c10::List<std::optional<at::Tensor>> l;
       for (size_t i = 0; i < in.size(); ++i)
         l.push_back(in.get(i).isNone() || !in.get(i).toTensor().defined()
                         ? std::optional<at::Tensor>()
-                        : std::optional<at::Tensor>(to_meta(in.get(i).toTensor())));
-      (void)opt;
+                        : std::optional<at::Tensor>(one(in.get(i).toTensor())));
       return l;
     }
     return v;
   }
-  if (v.isDevice() && v.toDevice().type() == kTpu) return c10::Device(c10::kMeta);
+  if (v.isDevice() && v.toDevice().type() == kTpu) return dev;
   if (v.isGenerator()) return c10::IValue();
   return v;
+}
+
+c10::IValue meta_ivalue(const c10::IValue& v) {
+  return map_tensors(
+      v, [](const at::Tensor& t) { return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta)); },
+      c10::Device(c10::kMeta));
+}
+
+c10::IValue cpu_ivalue(const c10::IValue& v) {
+  return map_tensors(
+      v,
+      [](const at::Tensor& t) {
+        return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU)).zero_();
+      },
+      c10::Device(c10::kCPU));
 }
 
 void sig_append(std::string& k, const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
@@ -194,34 +205,6 @@ std::string signature_exact(const c10::OperatorHandle& op, const torch::jit::Sta
   for (const auto& v : args)
     if (v.isInt()) { int64_t x = v.toInt(); sig_append(k, &x, sizeof x); }
   return k;
-}
-
-c10::IValue cpu_ivalue(const c10::IValue& v) {
-  auto conv = [](const at::Tensor& t) {
-    if (!t.defined() || t.device().type() != kTpu) return t;
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU)).zero_();
-  };
-  if (v.isTensor()) return conv(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorList()) l.push_back(conv(t));
-    return l;
-  }
-  if (v.isList()) {
-    auto in = v.toList();
-    if (in.size() > 0 && (in.get(0).isTensor() || in.get(0).isNone())) {
-      c10::List<std::optional<at::Tensor>> l;
-      for (size_t i = 0; i < in.size(); ++i)
-        l.push_back(in.get(i).isNone() || !in.get(i).toTensor().defined()
-                        ? std::optional<at::Tensor>()
-                        : std::optional<at::Tensor>(conv(in.get(i).toTensor())));
-      return l;
-    }
-    return v;
-  }
-  if (v.isDevice() && v.toDevice().type() == kTpu) return c10::Device(c10::kCPU);
-  if (v.isGenerator()) return c10::IValue();
-  return v;
 }
 
 void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args) {

@@ -91,6 +91,24 @@ Value to_logical(Builder& b, Value core, const std::vector<Dim>& d, const Shape&
   return b.broadcast_in_dim(t, sizes, bdims);
 }
 
+Shape row_major_strides(const Shape& sizes) {
+  Shape st(sizes.size());
+  int64_t s = 1;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    st[i] = s;
+    s *= sizes[i];
+  }
+  return st;
+}
+
+// Dense row-major layout (size-1 dims may have any stride).
+bool row_major(const Shape& sizes, const Shape& strides) {
+  Shape c = row_major_strides(sizes);
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] != 1 && strides[i] != c[i]) return false;
+  return true;
+}
+
 // A flat array reinterpreted as another element type (the bytes in memory order).
 Value reinterpret(Builder& b, Value v, DType as) {
   DType from = v.dtype();
@@ -522,16 +540,8 @@ void Engine::read(const View& v, void* dst) {
   if (n == 0) return;
   flush(v.st->device);
   size_t nbytes = static_cast<size_t>(n * hlo::itemsize(v.dtype));
-  bool whole = v.st->typed && v.st->dtype == v.dtype && v.offset == 0 && n == v.st->numel();
-  if (whole) {
-    Shape contig(v.sizes.size());
-    int64_t s = 1;
-    for (size_t i = v.sizes.size(); i-- > 0;) {
-      contig[i] = s;
-      s *= v.sizes[i];
-    }
-    for (size_t i = 0; i < v.sizes.size(); ++i) whole &= v.sizes[i] == 1 || v.strides[i] == contig[i];
-  }
+  bool whole = v.st->typed && v.st->dtype == v.dtype && v.offset == 0 && n == v.st->numel() &&
+               row_major(v.sizes, v.strides);
   if (!v.st->buffer && whole) {
     std::memset(dst, 0, nbytes);
     return;
@@ -562,16 +572,7 @@ void Engine::write(const View& v, const void* src) {
   metrics.h2d_transfers++;
   metrics.h2d_bytes += nbytes;
   bool whole = (!v.st->typed || v.st->dtype == v.dtype) && v.offset == 0 &&
-               n * hlo::itemsize(v.dtype) == v.st->nbytes;
-  if (whole) {
-    Shape contig(v.sizes.size());
-    int64_t s = 1;
-    for (size_t i = v.sizes.size(); i-- > 0;) {
-      contig[i] = s;
-      s *= v.sizes[i];
-    }
-    for (size_t i = 0; i < v.sizes.size(); ++i) whole &= v.sizes[i] == 1 || v.strides[i] == contig[i];
-  }
+               n * hlo::itemsize(v.dtype) == v.st->nbytes && row_major(v.sizes, v.strides);
   if (whole) {
     flush(v.st->device);  // pending writes to this storage happen before the upload
     v.st->dtype = v.dtype;
@@ -584,13 +585,7 @@ void Engine::write(const View& v, const void* src) {
   tmp->typed = true;
   tmp->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
   Graph& g = graph(v.st->device);
-  Shape contig(v.sizes.size());
-  int64_t s = 1;
-  for (size_t i = v.sizes.size(); i-- > 0;) {
-    contig[i] = s;
-    s *= v.sizes[i];
-  }
-  Value x = g.load(View{tmp, 0, v.sizes, contig, v.dtype});
+  Value x = g.load(View{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype});
   g.store(v, x);
   g.note_op("copy_ (host to tpu)");
   op_done(v.st->device);

@@ -101,6 +101,22 @@ Advanced advanced(Ctx& c, Value x, const std::vector<Value>& indices) {
 
 // Shape of x[indices]: batch dims B at dims[0] when adjacent, else in front.
 void index_layout(const Value& x, const Advanced& a, Shape* out, std::vector<int64_t>* offset_dims,
+                  Shape* rest);
+
+// x[indices] as an Advanced description plus the result layout.
+struct Indexed {
+  Advanced a;
+  Shape out, rest;
+  std::vector<int64_t> offset_dims;
+};
+Indexed indexed(Ctx& c, Value x) {
+  Indexed r;
+  r.a = advanced(c, x, c.list(1));
+  index_layout(x, r.a, &r.out, &r.offset_dims, &r.rest);
+  return r;
+}
+
+void index_layout(const Value& x, const Advanced& a, Shape* out, std::vector<int64_t>* offset_dims,
                   Shape* rest) {
   auto indexed = [&](int64_t d) {
     for (int64_t e : a.dims) if (e == d) return true;
@@ -152,10 +168,7 @@ void register_indexing() {
   add_rule("aten::index.Tensor", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
-    Advanced a = advanced(c, x, c.list(1));
-    Shape out, rest;
-    std::vector<int64_t> offset_dims;
-    index_layout(x, a, &out, &offset_dims, &rest);
+    auto [a, out, rest, offset_dims] = indexed(c, x);
     Shape sizes = x.shape();
     for (int64_t d : a.dims) sizes[d] = 1;
     Shape ishape = a.bshape;
@@ -173,10 +186,7 @@ void register_indexing() {
   add_rule(n, [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
-    Advanced a = advanced(c, x, c.list(1));
-    Shape out, rest;
-    std::vector<int64_t> offset_dims;
-    index_layout(x, a, &out, &offset_dims, &rest);
+    auto [a, out, rest, offset_dims] = indexed(c, x);
     Value vals = b.broadcast_to(b.convert(c.in(2), x.dtype()), out);
     // move batch dims to the front: [B..., rest...]
     int64_t nb = static_cast<int64_t>(a.bshape.size());
