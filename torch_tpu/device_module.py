@@ -277,13 +277,27 @@ class Precision(enum.IntEnum):
     HIGHEST = 2  # bf16x6 (6 passes, float32-class accuracy)
 
 
+_TLS_KEY = "torch_tpu.matmul_precision"
+
+
+def _thread_override():
+    if torch._C._is_key_in_tls(_TLS_KEY):
+        v = torch._C._get_obj_in_tls(_TLS_KEY)
+        if v >= 0:
+            return Precision(v)
+    return None
+
+
 def set_matmul_precision(p):
-    """Sets the precision of float32 matmul-like ops on tpu (process-wide)."""
+    """Sets the process-wide precision of float32 matmul-like ops on tpu
+    (`with torch.tpu.precision(p)` overrides it for one thread)."""
     _C._set_precision(int(Precision(p)))
 
 
 def get_matmul_precision():
-    return Precision(_C._get_precision())
+    """The precision in effect on this thread."""
+    o = _thread_override()
+    return o if o is not None else Precision(_C._get_precision())
 
 
 _TORCH_NAMES = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
@@ -308,9 +322,11 @@ def _hook_torch_matmul_precision():
 
 @contextlib.contextmanager
 def precision(p):
-    prev = get_matmul_precision()
-    set_matmul_precision(p)
+    """Thread-local precision for float32 matmul-like ops on tpu; nests. Backward
+    ops that autograd runs for work started inside it use it too."""
+    prev = torch._C._get_obj_in_tls(_TLS_KEY) if torch._C._is_key_in_tls(_TLS_KEY) else -1
+    torch._C._stash_obj_in_tls(_TLS_KEY, int(Precision(p)))
     try:
         yield
     finally:
-        set_matmul_precision(prev)
+        torch._C._stash_obj_in_tls(_TLS_KEY, prev)

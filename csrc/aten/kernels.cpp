@@ -3,6 +3,9 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/ThreadLocalPythonObjects.h>
+#include <Python.h>
+#include <pybind11/pybind11.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -300,7 +303,26 @@ class OpEnv final : public lower::Env {
     return {g_.scalar_param(key, true, hlo::DType::U32),
             g_.scalar_param(static_cast<double>(static_cast<uint32_t>(offset)), true, hlo::DType::U32)};
   }
-  lower::Precision precision() const override { return Engine::get().precision(); }
+  // `with torch.tpu.precision(p)` stashes p in PyTorch's thread-local Python
+  // objects, which autograd carries to the threads that run backward ops; the
+  // process-wide default applies where no override is set (or it is -1).
+  lower::Precision precision() const override {
+    static const std::string key = "torch_tpu.matmul_precision";
+    if (Py_IsInitialized() && at::impl::ThreadLocalPythonObjects::contains(key)) {
+      const auto& obj = at::impl::ThreadLocalPythonObjects::get(key);
+      long v = -1;
+      {
+        pybind11::gil_scoped_acquire gil;
+        v = PyLong_AsLong(obj->ptr(&obj->pyinterpreter()));
+        if (PyErr_Occurred()) {
+          PyErr_Clear();
+          v = -1;
+        }
+      }
+      if (v >= 0 && v <= 2) return static_cast<lower::Precision>(v);
+    }
+    return Engine::get().precision();
+  }
   bool native_precision() const override { return rt::Client::get().platform_name() == "tpu"; }
 
  private:

@@ -55,10 +55,9 @@ void delete_holder(void* ctx) {
   auto* h = static_cast<engine::StoragePtr*>(ctx);
   g_live -= (*h)->nbytes;
   (*h)->alive = false;
-  {
-    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
-    h->reset();
-  }
+  // No engine lock here (this runs under the GIL when Python frees a tensor; the
+  // engine may hold its lock while waiting for the GIL): a pending graph keeps
+  // its own reference, and PJRT buffer destruction is thread-safe.
   delete h;
 }
 
@@ -336,10 +335,12 @@ PYBIND11_MODULE(_C, m) {
     py_guard([] { engine::Engine::get().synchronize(); return 0; });
   });
   m.def("_set_mode", [](int mode) {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     py_guard([&] { engine::Engine::get().set_mode(static_cast<engine::Mode>(mode)); return 0; });
   });
   m.def("_set_cache_dir", [](const std::string& d) {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     engine::Engine::get().set_cache_dir(d);
   });
@@ -348,6 +349,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_fuse_limit", [] { return engine::Engine::get().fuse_limit(); });
   m.def("_get_mode", [] { return static_cast<int>(engine::Engine::get().mode()); });
   m.def("_set_precision", [](int p) {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     engine::Engine::get().set_precision(static_cast<lower::Precision>(p));
   });
@@ -358,6 +360,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("lowering_rules", [] { return lower::rule_names(); });
   m.def("last_program", [] { return engine::Engine::get().last_program(); });
   m.def("clear_compile_cache", [] {
+    py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     engine::Engine::get().clear_cache();
   });

@@ -38,6 +38,12 @@ def test_error_classes_and_ordering(m, k, n):
 
 def test_default_is_default_and_context_nests():
     assert torch.tpu.get_matmul_precision() == P.DEFAULT
+    torch.tpu.set_matmul_precision(P.HIGH)  # process-wide
+    assert torch.tpu.get_matmul_precision() == P.HIGH
+    with torch.tpu.precision(P.DEFAULT):
+        assert torch.tpu.get_matmul_precision() == P.DEFAULT
+    assert torch.tpu.get_matmul_precision() == P.HIGH
+    torch.tpu.set_matmul_precision(P.DEFAULT)
     with torch.tpu.precision(P.HIGH):
         assert torch.tpu.get_matmul_precision() == P.HIGH
         with torch.tpu.precision(P.HIGHEST):
@@ -111,3 +117,32 @@ def test_torch_set_float32_matmul_precision_maps_to_tpu_only():
     finally:
         torch.set_float32_matmul_precision(prev)
         torch.tpu.set_matmul_precision(P.DEFAULT)
+
+
+def test_precision_context_is_thread_local_and_reaches_backward():
+    import threading
+
+    seen = {}
+
+    def worker():
+        seen["other"] = torch.tpu.get_matmul_precision()
+        a = torch.randn(16, 16, device="tpu")
+        seen["value"] = (a @ a).cpu()
+
+    with torch.tpu.precision(P.HIGHEST):
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        assert torch.tpu.get_matmul_precision() == P.HIGHEST
+    assert seen["other"] == P.DEFAULT
+    # the backward (run by autograd on another thread) follows the context it was started in
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(32, 32, generator=g)
+    a64 = a.double().requires_grad_(True)
+    (a64 @ a64).sum().backward()
+    at = a.to("tpu").requires_grad_(True)
+    with torch.tpu.precision(P.HIGHEST):
+        (at @ at.detach()).sum().backward()
+    a64b = a.double().requires_grad_(True)
+    (a64b @ a.double()).sum().backward()
+    assert rel_err(at.grad.cpu(), a64b.grad) < 2 ** -19
