@@ -6,6 +6,7 @@
 #include <ATen/ThreadLocalPythonObjects.h>
 #include <Python.h>
 #include <pybind11/pybind11.h>
+#include <frameobject.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -345,6 +346,41 @@ at::Tensor upload(const at::Tensor& t, int device) {
 
 void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, const char* reason);
 
+// "file.py:123 (in fn)" of the innermost Python frame outside torch and
+// torch_tpu, or "" when no Python code is running on this thread (autograd's
+// backward threads). Used to name the line of a failing op in deferred programs.
+std::string python_site() {
+  if (!Py_IsInitialized()) return "";
+  pybind11::gil_scoped_acquire gil;
+  PyFrameObject* f = PyEval_GetFrame();
+  if (!f) return "";
+  Py_INCREF(f);
+  std::string out, first;
+  for (int depth = 0; f && depth < 32; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(f);
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    const char* fn = PyUnicode_AsUTF8(code->co_name);
+    std::string where = std::string(file ? file : "?") + ":" + std::to_string(PyFrame_GetLineNumber(f)) +
+                        " (in " + (fn ? fn : "?") + ")";
+    Py_DECREF(code);
+    if (first.empty()) first = where;
+    std::string path = file ? file : "";
+    bool internal = path.find("/torch/") != std::string::npos || path.find("/torch_tpu/") != std::string::npos;
+    if (!internal) {
+      out = where;
+      Py_DECREF(f);
+      f = nullptr;
+      break;
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  if (f) Py_DECREF(f);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return out.empty() ? first : out;
+}
+
 // ---------------------------------------------------------------- the generic kernel
 void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -540,7 +576,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     g.rollback(mark);
     throw;
   }
-  g.note_op(info.name);
+  g.note_op(info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), mark.b.body);
   guarded(info.name.c_str(), [&] { eng.op_done(device); return 0; });
   torch::jit::drop(*stack, nargs);
   for (auto& t : outs) stack->emplace_back(t);
@@ -781,6 +817,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
   m.impl("_fused_sdp_choice", TORCH_FN(tpu_fused_sdp_choice));
+}
+
+// Test hook: adds an op whose program text fails verification to the current
+// graph of t's device (the error must name it and its Python line at the flush).
+void inject_invalid_op(const at::Tensor& t) {
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto& g = Engine::get().graph(t.device().index());
+  auto mark = g.mark();
+  auto v = view_of(t);
+  hlo::Value x = g.load(v);
+  g.b.emit("add", {x, x}, hlo::Type{x.dtype(), {hlo::numel(x.shape()) + 1}});
+  g.store(v, x);
+  g.note_op("tt::test_invalid_op", python_site(), mark.b.body);
+  guarded("test op", [&] { Engine::get().op_done(t.device().index()); return 0; });
 }
 
 int register_lowered_ops() {

@@ -11,6 +11,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <atomic>
 #include <cstring>
@@ -320,6 +321,7 @@ PYBIND11_MODULE(_C, m) {
       return c.num_devices();
     });
   });
+  m.def("_test_inject_invalid_op", [](const at::Tensor& t) { aten::inject_invalid_op(t); });
   m.def("_is_initialized", [] { return rt::Client::initialized(); });
   m.def("device_count", [] { return aten::device_count(); });
   m.def("current_device", [] { return aten::current_device(); });

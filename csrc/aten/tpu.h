@@ -34,6 +34,7 @@ std::pair<uint64_t, uint64_t> generator_take(int device, uint64_t n);  // (seed,
 // Registers the generic lowered kernel for every rule in the lowering registry
 // (and their in-place / out= variants). Returns the number of ATen overloads.
 int register_lowered_ops();
+void inject_invalid_op(const at::Tensor& t);
 at::PrivateUse1HooksInterface* hooks();
 std::vector<std::string> lowered_op_names();
 int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)

@@ -252,6 +252,22 @@ void Graph::store(const View& v, Value value) {
   ++stores_;
 }
 
+int Graph::op_at_line(int line) const {
+  // module(): two header lines precede the body
+  int body_line = line - 2;
+  if (body_line < 1) return -1;
+  size_t pos = 0;
+  for (int l = 1; l < body_line; ++l) {
+    pos = b.body_text().find('\n', pos);
+    if (pos == std::string::npos) return -1;
+    ++pos;
+  }
+  int found = -1;
+  for (size_t i = 0; i < sites.size(); ++i)
+    if (sites[i].body_start <= pos) found = static_cast<int>(i);
+  return found;
+}
+
 void Graph::rollback(const Mark& m) {
   b.rollback(m.b);
   for (size_t i = m.entries; i < entries_.size(); ++i) index_.erase(entries_[i].st.get());
@@ -482,6 +498,26 @@ rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) 
   return buffer;
 }
 
+// The error, the op of the program that caused it (from the "-:LINE:COL" the
+// compiler reports) and the Python line that issued that op.
+std::string Engine::describe_failure(const Graph& g, const std::string& what) {
+  std::string msg = what;
+  int op = -1;
+  auto p = what.find("-:");
+  if (p != std::string::npos) op = g.op_at_line(std::atoi(what.c_str() + p + 2));
+  if (op >= 0) {
+    msg += "\n(torch_tpu: the failing op is " + g.ops[op];
+    if (!g.sites[op].where.empty()) msg += ", issued at " + g.sites[op].where;
+    msg += ")";
+  } else {
+    msg += "\n(torch_tpu: in the program for " + std::to_string(g.ops.size()) + " ops:";
+    for (size_t i = g.ops.size() > 5 ? g.ops.size() - 5 : 0; i < g.ops.size(); ++i)
+      msg += " " + g.ops[i] + (g.sites[i].where.empty() ? "" : " (" + g.sites[i].where + ")") + ";";
+    msg += ")";
+  }
+  return msg;
+}
+
 void Engine::flush(int device) {
   auto it = graphs_.find(device);
   if (it == graphs_.end() || !it->second) return;
@@ -519,9 +555,7 @@ void Engine::flush(int device) {
   try {
     exe = compile(text);
   } catch (const rt::Error& err) {
-    std::string ops;
-    for (auto& o : g->ops) ops += (ops.empty() ? "" : ", ") + o;
-    throw rt::Error(std::string(err.what()) + "\n(while compiling the program for: " + ops + ")", err.code());
+    throw rt::Error(describe_failure(*g, err.what()), err.code());
   }
   std::vector<rt::BufferPtr> keep;
   std::vector<PJRT_Buffer*> args;

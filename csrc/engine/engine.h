@@ -71,11 +71,23 @@ class Graph {
   };
   Mark mark() const { return Mark{b.mark(), entries_.size(), params_.size(), stores_}; }
   void rollback(const Mark& m);
-  void note_op(const std::string& name) { ops.push_back(name); }
+  // Records an op of this graph: its name, the Python line that issued it (or
+  // ""), and where its text starts (a Builder::mark taken before it was lowered).
+  void note_op(const std::string& name, const std::string& site = "", size_t body_start = SIZE_MAX) {
+    ops.push_back(name);
+    sites.push_back({site, body_start == SIZE_MAX ? b.mark().body : body_start});
+  }
+  // The op whose text holds line `line` of the module text, or -1.
+  int op_at_line(int line) const;
 
   hlo::Builder b;
   int device;
   std::vector<std::string> ops;
+  struct Site {
+    std::string where;
+    size_t body_start;
+  };
+  std::vector<Site> sites;
 
  private:
   friend class Engine;
@@ -135,6 +147,7 @@ class Engine {
  private:
   Engine() = default;
   rt::ExecutablePtr compile(const std::string& text);
+  static std::string describe_failure(const Graph& g, const std::string& what);
   rt::BufferPtr scalar_buffer(double v, bool is_int, DType t, int device);
   std::map<int, std::unique_ptr<Graph>> graphs_;
   std::unordered_map<std::string, rt::ExecutablePtr> cache_;

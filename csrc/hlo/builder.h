@@ -85,6 +85,7 @@ class Builder {
   void alias(int param_index, int result_index);
   // The module text with `results` returned from @main.
   std::string module(const std::vector<Value>& results) const;
+  const std::string& body_text() const { return body_; }
 
   // ---- generic emission
   Value emit(const std::string& op, const std::vector<Value>& operands, const Type& result,
