@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (cd build && ctest --output-on-failure -j 2)
-.venv/bin/python -m pytest -q tests/python "$@"
+.venv/bin/python -m pytest -q tests/python tests/ops "$@"

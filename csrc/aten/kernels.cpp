@@ -724,7 +724,17 @@ void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
   bool dst_tpu = dst.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
   Engine& eng = Engine::get();
-  if (dst_tpu && src_tpu && dst.device() == src.device()) {
+  // A tpu source's elements as a CPU tensor, with its conjugate/negative bits
+  // applied (those views carry a bit, not data).
+  auto src_on_host = [&]() {
+    at::Tensor raw = at::empty(src.sizes(), src.options().device(c10::kCPU));
+    eng.read(view_of(src), raw.data_ptr());
+    if (src.is_conj()) raw._set_conj(true);
+    if (src.is_neg()) raw._set_neg(true);
+    return raw.resolve_conj().resolve_neg();
+  };
+  bool lazy_bits = src.is_conj() || src.is_neg();
+  if (dst_tpu && src_tpu && dst.device() == src.device() && !lazy_bits) {
     auto& g = eng.graph(dst.device().index());
     auto mark = g.mark();
     try {
@@ -741,16 +751,14 @@ void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
     eng.op_done(dst.device().index());
     return;
   }
-  if (dst_tpu) {  // host (or another tpu) -> tpu
-    at::Tensor host = src_tpu ? src.cpu() : src;
+  if (dst_tpu) {  // host (or another tpu, or a lazy view) -> tpu
+    at::Tensor host = src_tpu ? src_on_host() : src.resolve_conj().resolve_neg();
     at::Tensor c = host.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
     eng.write(view_of(dst), c.data_ptr());
     return;
   }
   // tpu -> host
-  at::Tensor tmp = at::empty(src.sizes(), src.options().device(c10::kCPU));
-  eng.read(view_of(src), tmp.data_ptr());
-  dst.copy_(tmp);
+  dst.copy_(src_on_host());
 }
 
 at::Tensor& tpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {

@@ -173,7 +173,8 @@ std::vector<Value> Builder::emit_multi(const std::string& op, const std::vector<
     os << "%v" << first << ":" << results.size() << " = ";
   }
   next_ += static_cast<int>(results.size());
-  os << "\"stablehlo." << op << "\"(";
+  // ops of other dialects (e.g. "chlo.erf") are named in full
+  os << "\"" << (op.find('.') == std::string::npos ? "stablehlo." : "") << op << "\"(";
   for (size_t i = 0; i < operands.size(); ++i) os << (i ? ", " : "") << "%v" << operands[i].id;
   os << ")";
   if (!region.empty()) os << " (" << region << ")";

@@ -276,7 +276,15 @@ void register_elementwise() {
   add_rule("aten::cosh", unary_fn([](Builder& b, Value x) {
     return b.mul(k(b, 0.5, x), b.add(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
   }));
-  add_rule("aten::atan", unary_fn([](Builder& b, Value x) { return b.binary("atan2", x, k(b, 1, x)); }));
+  // atan(x) = atan2(x, 1), with the 1 as a runtime parameter: the XLA CPU
+  // compiler returns wrong values for atan2(x, constant 1) (and chlo.atan) on
+  // vectors of a few hundred elements.
+  add_rule("aten::atan", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Value x = c.in_out(0, t);
+    Value one = c.b.broadcast_to(c.env.scalar_param(1.0, false, t), x.shape());
+    return {c.b.convert(c.b.binary("atan2", x, one), c.odt())};
+  });
   // asin(x) = atan2(x, sqrt(1 - x^2)); acos(x) = atan2(sqrt(1 - x^2), x)
   add_rule("aten::asin", unary_fn([](Builder& b, Value x) {
     return b.binary("atan2", x, b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))));

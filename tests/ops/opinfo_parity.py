@@ -1,0 +1,197 @@
+"""OpInfo parity: PyTorch's own op_db samples run on tpu and on CPU, compared.
+
+Used by tests/ops/test_opinfo.py (CI) and by
+  python tests/ops/opinfo_parity.py [--samples K] [--ops name,...] [--markdown]
+which writes the per-entry table in docs/OP_COVERAGE.md.
+
+For every op_db entry that supports float32, up to K sample inputs run on CPU and
+on tpu (matmul-like ops at HIGHEST precision) and are compared in value, dtype and
+shape. An entry is
+  pass      every sample matched and no ATen op fell back to the CPU,
+  fallback  every sample matched, some ATen op ran on the CPU fallback,
+  fail      a sample differed or raised on tpu but not on CPU (reason recorded),
+  skip      no float32 support or no sample ran on CPU (reason recorded).
+"""
+import argparse
+import contextlib
+import io
+import json
+import os
+import sys
+import time
+import warnings
+
+import torch
+
+import torch_tpu
+
+REASONS = {
+    # entries whose CPU reference itself is not deterministic or not comparable
+    "bernoulli": "random: CPU and tpu generators differ",
+    "normal": "random: CPU and tpu generators differ",
+    "rand_like": "random: CPU and tpu generators differ",
+    "randint_like": "random: CPU and tpu generators differ",
+    "randn_like": "random: CPU and tpu generators differ",
+    "randint": "random: CPU and tpu generators differ",
+    "uniform": "random: CPU and tpu generators differ",
+    "multinomial": "random: CPU and tpu generators differ",
+    "nn.functional.dropout": "random: CPU and tpu generators differ",
+    "nn.functional.dropout2d": "random: CPU and tpu generators differ",
+    "nn.functional.dropout3d": "random: CPU and tpu generators differ",
+    "nn.functional.alpha_dropout": "random: CPU and tpu generators differ",
+    "nn.functional.feature_alpha_dropout": "random: CPU and tpu generators differ",
+    "nn.functional.rrelu": "random: CPU and tpu generators differ",
+    "nn.functional.fractional_max_pool2d": "random: CPU and tpu generators differ",
+    "nn.functional.fractional_max_pool3d": "random: CPU and tpu generators differ",
+    "nn.functional.multi_head_attention_forward": "random: some samples train with dropout",
+    "empty": "uninitialised memory", "empty_like": "uninitialised memory", "new_empty": "uninitialised memory",
+    "empty_strided": "uninitialised memory", "new_empty_strided": "uninitialised memory",
+    "empty_permuted": "uninitialised memory",
+}
+
+
+# Entries that fail for a documented limitation (they raise a clear error on tpu).
+EXPECTED_FAIL = {
+    "sparse.sampled_addmm": "sparse layouts are not supported on tpu",
+    "sparse.mm.reduce": "sparse layouts are not supported on tpu",
+    "to_sparse": "sparse layouts are not supported on tpu",
+    "cdouble": "complex128 is not supported on tpu (complex64 is)",
+    "chalf": "complex32 is not supported on tpu",
+    "hash_tensor": "uint64 is not supported on tpu",
+    "tensor_split": "this harness moves the CPU-only index tensor of the sample to tpu; PyTorch requires it on CPU",
+    "as_strided.partial_views": "the sample reads storage outside its view, which .to('tpu') does not copy",
+}
+
+
+def _to(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(device)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to(v, device) for k, v in x.items()}
+    return x
+
+
+def _flat(x):
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat(v)]
+    return [x]
+
+
+def _compare(a, b):
+    fa, fb = _flat(a), _flat(b)
+    if len(fa) != len(fb):
+        return f"different number of results ({len(fa)} vs {len(fb)})"
+    for x, y in zip(fa, fb):
+        if isinstance(y, torch.Tensor):
+            if not isinstance(x, torch.Tensor):
+                return f"result is {type(x).__name__}, expected a tensor"
+            if x.dtype != y.dtype:
+                return f"dtype {x.dtype} vs {y.dtype}"
+            if x.shape != y.shape:
+                return f"shape {tuple(x.shape)} vs {tuple(y.shape)}"
+            xc = x.cpu()
+            try:
+                torch.testing.assert_close(xc, y, rtol=1e-4, atol=1e-4, equal_nan=True)
+            except AssertionError as e:
+                return "values differ: " + str(e).splitlines()[0][:120]
+        elif x != y and not (isinstance(x, float) and x != x and y != y):
+            return f"value {x!r} vs {y!r}"
+    return None
+
+
+def run_entry(op, samples, dtype=torch.float32):
+    name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+    if os.environ.get("TT_OPINFO_TRACE"):
+        print("running", name, file=sys.stderr, flush=True)
+    if op.name in REASONS:
+        return name, "skip", REASONS[op.name]
+    if dtype not in op.supported_dtypes("cpu"):
+        return name, "skip", f"no {dtype} support"
+    ran, fell_back = 0, False
+    try:
+        sample_list = list(op.sample_inputs("cpu", dtype, requires_grad=False))[:samples]
+    except Exception as e:  # noqa: BLE001
+        return name, "skip", f"sample generation failed: {type(e).__name__}"
+    for s in sample_list:
+        args = (s.input,) + tuple(s.args)
+        try:
+            with torch.no_grad():
+                expected = op(*args, **s.kwargs)
+        except Exception:  # noqa: BLE001  CPU rejects the sample too: nothing to compare
+            continue
+        torch_tpu.metrics.reset()
+        try:
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                actual = op(*_to(args, "tpu"), **_to(s.kwargs, "tpu"))
+                actual = _to(actual, "cpu")
+        except Exception as e:  # noqa: BLE001
+            return name, "fail", f"raised {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+        ran += 1
+        fell_back |= bool(torch_tpu.metrics.cpu_fallbacks())
+        err = _compare(actual, expected)
+        if err:
+            return name, "fail", err
+    if ran == 0:
+        return name, "skip", "no sample ran on CPU"
+    return name, ("fallback" if fell_back else "pass"), ""
+
+
+def run_all(samples=2, only=None):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    results = []
+    with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
+        for op in op_db:
+            if only and op.name not in only:
+                continue
+            results.append(run_entry(op, samples))
+    return results
+
+
+def summary(results):
+    counts = {k: sum(1 for r in results if r[1] == k) for k in ("pass", "fallback", "fail", "skip")}
+    tested = counts["pass"] + counts["fallback"] + counts["fail"]
+    return counts, tested
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--samples", type=int, default=2)
+    ap.add_argument("--ops", default=None)
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    t0 = time.time()
+    res = run_all(args.samples, set(args.ops.split(",")) if args.ops else None)
+    counts, tested = summary(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=0)
+    if args.markdown:
+        print(f"## OpInfo parity (float32, up to {args.samples} samples per entry)\n")
+        print(f"Command: `python tests/ops/opinfo_parity.py --samples {args.samples} --markdown`; "
+              f"{time.time() - t0:.0f} s on the CPU plugin.\n")
+        print("| result | entries |\n|---|---|")
+        for k, v in counts.items():
+            print(f"| {k} | {v} |")
+        print(f"\nOf {tested} tested float32 entries: {counts['pass']} pass natively "
+              f"({100 * counts['pass'] / max(tested, 1):.0f}%), {counts['fallback']} pass through the CPU "
+              f"fallback, {counts['fail']} fail.\n")
+        print("| entry | result | reason |\n|---|---|---|")
+        for name, r, why in res:
+            if r == "fail" and name in EXPECTED_FAIL:
+                why = f"expected: {EXPECTED_FAIL[name]} ({why})"
+            print(f"| `{name}` | {r} | {why.replace('|', '/')} |")
+    else:
+        for name, r, why in res:
+            print(f"{r:9s} {name} {why}")
+        print(counts, f"{time.time() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
