@@ -292,6 +292,92 @@ void register_elementwise() {
   add_rule("aten::acos", unary_fn([](Builder& b, Value x) {
     return b.binary("atan2", b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))), x);
   }));
+  // inverse hyperbolics: asinh = log(x + sqrt(x^2 + 1)), acosh = log(x + sqrt(x^2 - 1)),
+  // atanh = 0.5 * log1p(2x / (1 - x))
+  add_rule("aten::asinh", unary_fn([](Builder& b, Value x) {
+    return b.unary("log", b.add(x, b.unary("sqrt", b.add(b.mul(x, x), k(b, 1, x)))));
+  }));
+  add_rule("aten::acosh", unary_fn([](Builder& b, Value x) {
+    return b.unary("log", b.add(x, b.unary("sqrt", b.sub(b.mul(x, x), k(b, 1, x)))));
+  }));
+  add_rule("aten::atanh", unary_fn([](Builder& b, Value x) {
+    return b.mul(k(b, 0.5, x), b.unary("log_plus_one", b.div(b.mul(k(b, 2, x), x), b.sub(k(b, 1, x), x))));
+  }));
+  // logaddexp(a, b) = max + log1p(exp(-|a - b|)); logaddexp2 in base 2
+  add_rule("aten::logaddexp", binary_fn([](Builder& b, Value x, Value y) {
+    Value m = b.max(x, y);
+    Value d = b.unary("abs", b.sub(x, y));
+    Value r = b.add(m, b.unary("log_plus_one", b.unary("exponential", b.neg(d))));
+    return b.select(b.compare(x, y, Cmp::EQ), b.add(x, k(b, M_LN2, x)), r);  // also inf == inf
+  }));
+  add_rule("aten::logaddexp2", binary_fn([](Builder& b, Value x, Value y) {
+    Value m = b.max(x, y);
+    Value d = b.mul(b.unary("abs", b.sub(x, y)), k(b, M_LN2, x));
+    Value r = b.add(m, b.mul(b.unary("log_plus_one", b.unary("exponential", b.neg(d))), k(b, M_LOG2E, x)));
+    return b.select(b.compare(x, y, Cmp::EQ), b.add(x, k(b, 1, x)), r);
+  }));
+  // copysign(a, b) = |a| with b's sign bit
+  add_rule("aten::copysign.Tensor", binary_fn([](Builder& b, Value x, Value y) {
+    int64_t sz = hlo::itemsize(y.dtype());
+    DType it = sz == 8 ? DType::S64 : sz == 4 ? DType::S32 : DType::S16;
+    Value neg = b.compare(b.bitcast(y, it), b.constant_int(0, it, y.shape()), Cmp::LT);
+    Value ax = b.unary("abs", x);
+    return b.select(neg, b.neg(ax), ax);
+  }));
+  // fmax/fmin ignore NaN: NaN only when both are NaN
+  for (bool is_max : {true, false})
+    add_rule(is_max ? "aten::fmax" : "aten::fmin", binary_fn([is_max](Builder& b, Value x, Value y) {
+      Value m = is_max ? b.max(x, y) : b.min(x, y);
+      Value xn = b.compare(x, x, Cmp::NE), yn = b.compare(y, y, Cmp::NE);
+      return b.select(xn, y, b.select(yn, x, m));
+    }));
+  // hypot(a, b) = sqrt(a^2 + b^2)
+  add_rule("aten::hypot", binary_fn([](Builder& b, Value x, Value y) {
+    return b.unary("sqrt", b.add(b.mul(x, x), b.mul(y, y)));
+  }));
+  // xlogy(x, y) = x == 0 ? 0 : x * log(y) (NaN y propagates)
+  add_rule("aten::xlogy.Tensor", binary_fn([](Builder& b, Value x, Value y) {
+    Value r = b.mul(x, b.unary("log", y));
+    Value zero = b.select(b.compare(y, y, Cmp::NE), y, k(b, 0, x));
+    return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), zero, r);
+  }));
+  // round(x, decimals) = round(x * 10^d) / 10^d
+  add_rule("aten::round.decimals", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Value x = c.in_out(0, t);
+    double scale = std::pow(10.0, static_cast<double>(c.int_(1)));
+    Value sc = k(c.b, scale, x);
+    return {c.b.convert(c.b.div(c.b.unary("round_nearest_even", c.b.mul(x, sc)), sc), c.odt())};
+  });
+  // log_sigmoid_forward(x) -> (y, buffer): y = min(x, 0) - log1p(exp(-|x|))
+  add_rule("aten::log_sigmoid_forward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value x = c.in_out(0, t);
+    Value y = b.sub(b.min(x, k(b, 0, x)), b.unary("log_plus_one", b.unary("exponential", b.neg(b.unary("abs", x)))));
+    return {b.convert(y, c.odt()), b.zeros(c.odt(1), c.oshape(1))};
+  });
+  // log_sigmoid_backward(g, x, buffer) = g * sigmoid(-x)
+  add_rule("aten::log_sigmoid_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    return {b.convert(b.mul(g, sigmoid(b, b.neg(x))), c.odt())};
+  });
+  // nan_to_num(x, nan, posinf, neginf)
+  add_rule("aten::nan_to_num", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt();
+    Value x = c.in_out(0, t);
+    if (!hlo::is_float(t)) return {x};
+    double big = t == DType::F64 ? 1.7976931348623157e308 : t == DType::F16 ? 65504.0 : t == DType::BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
+    Value nanv = b.broadcast_to(c.scalar_or(1, 0.0, t), x.shape());
+    Value pinf = c.has(2) ? b.broadcast_to(c.scalar(2, t), x.shape()) : k(b, big, x);
+    Value ninf = c.has(3) ? b.broadcast_to(c.scalar(3, t), x.shape()) : k(b, -big, x);
+    Value r = b.select(b.compare(x, x, Cmp::NE), nanv, x);
+    r = b.select(b.compare(x, k(b, INFINITY, x), Cmp::EQ), pinf, r);
+    return {b.select(b.compare(x, k(b, -INFINITY, x), Cmp::EQ), ninf, r)};
+  });
   add_rule("aten::isnan", [](Ctx& c) -> V {
     Value x = c.in(0);
     return {c.b.compare(x, x, Cmp::NE)};

@@ -99,6 +99,28 @@ void register_shape() {
     }
     return {b.reshape(x, orig)};
   });
+  // sort(x, stable?, dim, descending) -> (values, indices); NaN sorts as largest
+  add_rule("aten::sort.stable", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (x.rank() == 0) return {x, c.b.constant_int(0, DType::S64)};
+    int64_t dim = wrap_dim(c.int_or(2, -1), x.rank());
+    Value idx;
+    Value v = c.b.sort_dim(x, dim, c.flag_or(3, false), &idx);
+    return {v, idx};
+  });
+  // topk(x, k, dim, largest, sorted) = the first k of a stable sort
+  add_rule("aten::topk", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t k = c.int_(1);
+    if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
+    int64_t dim = wrap_dim(c.int_or(2, -1), x.rank());
+    Value idx;
+    Value v = b.sort_dim(x, dim, c.flag_or(3, true), &idx);
+    Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
+    lim[dim] = k;
+    return {b.slice(v, st, lim, step), b.slice(idx, st, lim, step)};
+  });
   add_rule("aten::tril", triangle(true));
   add_rule("aten::triu", triangle(false));
   // repeat(x, reps): broadcast into interleaved dims [r0, s0, r1, s1, ...] then merge

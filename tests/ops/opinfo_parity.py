@@ -103,7 +103,11 @@ def _compare(a, b):
     return None
 
 
+FALLBACK_OPS = set()  # ATen ops that ran on the CPU fallback during the last entry
+
+
 def run_entry(op, samples, dtype=torch.float32):
+    FALLBACK_OPS.clear()
     name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
     if os.environ.get("TT_OPINFO_TRACE"):
         print("running", name, file=sys.stderr, flush=True)
@@ -132,13 +136,15 @@ def run_entry(op, samples, dtype=torch.float32):
         except Exception as e:  # noqa: BLE001
             return name, "fail", f"raised {type(e).__name__}: {str(e).splitlines()[0][:100]}"
         ran += 1
-        fell_back |= bool(torch_tpu.metrics.cpu_fallbacks())
+        fb = torch_tpu.metrics.cpu_fallbacks()
+        fell_back |= bool(fb)
+        FALLBACK_OPS.update(fb.keys())
         err = _compare(actual, expected)
         if err:
             return name, "fail", err
     if ran == 0:
         return name, "skip", "no sample ran on CPU"
-    return name, ("fallback" if fell_back else "pass"), ""
+    return name, ("fallback" if fell_back else "pass"), ", ".join(sorted(FALLBACK_OPS))
 
 
 def run_all(samples=2, only=None):
