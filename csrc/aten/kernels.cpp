@@ -562,6 +562,11 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<hlo::Value> res = guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
     TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),
                 " values for ", meta.rets.size(), " outputs");
+    for (const auto& [ai, v] : ctx.writes()) {
+      const c10::IValue& iv = args[info.rule_args[ai]];
+      if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu)
+        guarded(info.name.c_str(), [&] { g.store(view_of(iv.toTensor()), v); return 0; });
+    }
     for (size_t k = 0; k < meta.rets.size(); ++k) {
       if (!meta.rets[k].defined) continue;
       int a = info.ret_alias[k];

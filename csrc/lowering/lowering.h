@@ -104,6 +104,11 @@ class Ctx {
   DType odt(size_t k = 0) const { return out(k).dtype; }
   const Shape& oshape(size_t k = 0) const { return out(k).shape; }
 
+  // Writes `v` into tensor argument i after the rule returns (ops that update
+  // an argument without returning it, e.g. batch norm's running statistics).
+  void write(size_t i, Value v) { writes_.emplace_back(i, v); }
+  const std::vector<std::pair<size_t, Value>>& writes() const { return writes_; }
+
   // Tensor argument i converted to dtype t and broadcast to shape s.
   Value in_as(size_t i, DType t, const Shape& s);
   // Tensor argument i as dtype t, broadcast to the first output's shape.
@@ -112,6 +117,7 @@ class Ctx {
  private:
   std::vector<Arg> args_;
   std::vector<Type> outs_;
+  std::vector<std::pair<size_t, Value>> writes_;
 };
 
 using Rule = std::function<std::vector<Value>(Ctx&)>;

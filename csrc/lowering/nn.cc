@@ -1,5 +1,7 @@
 // nn family: softmax, layer norm, losses, dropout, convolution, pooling, and
 // their backward kernels.
+#include <algorithm>
+
 #include "lowering/lowering.h"
 
 namespace tt::lower {
@@ -118,9 +120,203 @@ Value conv_weight_grad(Ctx& c, Value x, Value g, const Shape& w_shape, const Sha
   return conv(c, x, g, d, dil, p, Shape(ns, 1), stride, 1, w_shape, out);
 }
 
+// Batch-norm geometry: channel dim 1, reduced dims 0 and 2.., N = reduced count.
+struct BN {
+  std::vector<int64_t> red;
+  double n = 1;
+  Shape cshape;  // [C]
+};
+BN bn_dims(const Value& x) {
+  BN r;
+  for (int64_t i = 0; i < x.rank(); ++i)
+    if (i != 1) {
+      r.red.push_back(i);
+      r.n *= static_cast<double>(x.shape()[i]);
+    }
+  r.cshape = {x.rank() > 1 ? x.shape()[1] : 1};
+  return r;
+}
+Value per_channel(Builder& b, Value v, const Shape& full) {  // [C] -> full, along dim 1
+  return b.broadcast_in_dim(v, full, {1});
+}
+
+// Windows of avg_pool over the last two dims: (sum of x, count per window).
+struct Pool2 {
+  Shape k, s, p;
+  std::vector<std::pair<int64_t, int64_t>> pad;  // reduce_window padding for x
+  Shape window, strides;
+};
+Pool2 pool2(const Value& x, const std::vector<int64_t>& ks, const std::vector<int64_t>& st,
+            const std::vector<int64_t>& pd, const Shape& out) {
+  Pool2 q;
+  int64_t r = x.rank();
+  q.k = ints_n(ks, 2, 1);
+  q.s = st.empty() ? q.k : ints_n(st, 2, 1);
+  q.p = ints_n(pd, 2, 0);
+  q.window = Shape(r, 1);
+  q.strides = Shape(r, 1);
+  q.pad.assign(r, {0, 0});
+  for (int i = 0; i < 2; ++i) {
+    int64_t d = r - 2 + i, H = x.shape()[d], O = out[d];
+    int64_t extra = std::max<int64_t>(0, (O - 1) * q.s[i] + q.k[i] - (H + 2 * q.p[i]));
+    q.window[d] = q.k[i];
+    q.strides[d] = q.s[i];
+    q.pad[d] = {q.p[i], q.p[i] + extra};
+  }
+  return q;
+}
+// Elements each window averages over (count_include_pad counts the zero padding,
+// not the ceil_mode overhang), or the divisor override.
+Value pool_count(Builder& b, const Value& x, const Pool2& q, bool include_pad, int64_t divisor, DType t,
+                 const Shape& out) {
+  if (divisor > 0) return b.constant(static_cast<double>(divisor), t, out);
+  int64_t r = x.rank();
+  Value ones = b.constant(1, t, x.shape());
+  std::vector<std::pair<int64_t, int64_t>> pad = q.pad;
+  if (include_pad) {
+    Shape lo(r, 0), hi(r, 0), in(r, 0);
+    for (int i = 0; i < 2; ++i) {
+      int64_t d = r - 2 + i;
+      lo[d] = hi[d] = q.p[i];
+      pad[d] = {0, q.pad[d].second - q.p[i]};
+    }
+    ones = b.pad(ones, b.constant(1, t), lo, hi, in);
+  }
+  return b.reduce_window(ones, b.zeros(t, {}), q.window, q.strides, pad, "add");
+}
+
 }  // namespace
 
 void register_nn() {
+  // native_batch_norm(x, w?, b?, running_mean?, running_var?, training, momentum, eps)
+  //   -> (y, save_mean, save_invstd); training also updates the running statistics
+  add_rule("aten::native_batch_norm", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x0 = c.in(0);
+    DType t = compute_type(x0.dtype());
+    Value x = b.convert(x0, t);
+    BN d = bn_dims(x);
+    bool training = c.flag(5);
+    Value eps = c.scalar(7, t);
+    Value mean, var;
+    if (training) {
+      mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
+      Value xc = b.sub(x, per_channel(b, mean, x.shape()));
+      var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
+      if (c.has(3) && c.has(4)) {
+        Value m = b.broadcast_to(c.scalar(6, t), d.cshape);
+        Value one_m = b.sub(b.constant(1, t, d.cshape), m);
+        Value unbiased = b.mul(var, b.constant(d.n / std::max(d.n - 1, 1.0), t, d.cshape));
+        c.write(3, b.add(b.mul(one_m, b.convert(c.in(3), t)), b.mul(m, mean)));
+        c.write(4, b.add(b.mul(one_m, b.convert(c.in(4), t)), b.mul(m, unbiased)));
+      }
+    } else {
+      mean = b.convert(c.in(3), t);
+      var = b.convert(c.in(4), t);
+    }
+    Value invstd = b.unary("rsqrt", b.add(var, b.broadcast_to(eps, d.cshape)));
+    Value y = b.mul(b.sub(x, per_channel(b, mean, x.shape())), per_channel(b, invstd, x.shape()));
+    if (c.has(1)) y = b.mul(y, per_channel(b, b.convert(c.in(1), t), x.shape()));
+    if (c.has(2)) y = b.add(y, per_channel(b, b.convert(c.in(2), t), x.shape()));
+    Value sm = training ? mean : b.zeros(t, c.oshape(1));
+    Value si = training ? invstd : b.zeros(t, c.oshape(2));
+    return {b.convert(y, c.odt(0)), sm, si};
+  });
+  // native_batch_norm_backward(g, x, w?, rm?, rv?, save_mean?, save_invstd?, train, eps, mask)
+  // train: dx = w * invstd / N * (N g - sum(g) - xhat * sum(g xhat)); eval: dx = g w invstd
+  add_rule("aten::native_batch_norm_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.in(1).dtype());
+    Value g = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
+    BN d = bn_dims(x);
+    bool train = c.flag(7);
+    Value mean, invstd;
+    if (train) {
+      mean = b.convert(c.in(5), t);
+      invstd = b.convert(c.in(6), t);
+    } else {
+      mean = b.convert(c.in(3), t);
+      invstd = b.unary("rsqrt", b.add(b.convert(c.in(4), t), b.broadcast_to(c.scalar(8, t), d.cshape)));
+    }
+    Value w = c.has(2) ? b.convert(c.in(2), t) : b.constant(1, t, d.cshape);
+    Value xhat = b.mul(b.sub(x, per_channel(b, mean, x.shape())), per_channel(b, invstd, x.shape()));
+    Value sg = b.reduce(g, b.zeros(t, {}), d.red, "add");
+    Value sgx = b.reduce(b.mul(g, xhat), b.zeros(t, {}), d.red, "add");
+    Value dx;
+    if (train) {
+      Value nn = b.constant(d.n, t, x.shape());
+      Value inner = b.sub(b.sub(b.mul(nn, g), per_channel(b, sg, x.shape())), b.mul(xhat, per_channel(b, sgx, x.shape())));
+      Value scale = b.div(b.mul(w, invstd), b.constant(d.n, t, d.cshape));
+      dx = b.mul(per_channel(b, scale, x.shape()), inner);
+    } else {
+      dx = b.mul(g, per_channel(b, b.mul(w, invstd), x.shape()));
+    }
+    return {dx, sgx, sg};
+  });
+  // avg_pool2d(x, k, stride, pad, ceil, count_include_pad, divisor?) = window sum / count
+  add_rule("aten::avg_pool2d", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t);
+    Pool2 q = pool2(x, c.ints(1), c.ints(2), c.ints(3), c.oshape());
+    Value sum = b.reduce_window(x, b.zeros(t, {}), q.window, q.strides, q.pad, "add");
+    Value cnt = pool_count(b, x, q, c.flag_or(5, true), c.int_or(6, 0), t, sum.shape());
+    return {b.convert(b.div(sum, cnt), c.odt())};
+  });
+  // avg_pool2d_backward(g, x, k, stride, pad, ceil, count_include_pad, divisor?):
+  // dx[h] = sum of g/count over the windows holding h: g/count spread by the stride
+  // (interior padding), then summed over k-wide windows.
+  add_rule("aten::avg_pool2d_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value g = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
+    Pool2 q = pool2(x, c.ints(2), c.ints(3), c.ints(4), g.shape());
+    Value cnt = pool_count(b, x, q, c.flag_or(6, true), c.int_or(7, 0), t, g.shape());
+    Value gs = b.div(g, cnt);
+    int64_t r = x.rank();
+    Shape lo(r, 0), hi(r, 0), in(r, 0);
+    for (int i = 0; i < 2; ++i) {
+      int64_t dd = r - 2 + i, H = x.shape()[dd], O = g.shape()[dd];
+      int64_t len = (O - 1) * q.s[i] + 1;
+      lo[dd] = q.k[i] - 1 - q.p[i];
+      hi[dd] = H - len - lo[dd] + q.k[i] - 1;
+      in[dd] = q.s[i] - 1;
+    }
+    Value spread = b.pad(gs, b.zeros(t, {}), lo, hi, in);
+    std::vector<std::pair<int64_t, int64_t>> none(r, {0, 0});
+    Value dx = b.reduce_window(spread, b.zeros(t, {}), q.window, Shape(r, 1), none, "add");
+    return {b.convert(dx, c.odt())};
+  });
+  // _adaptive_avg_pool2d when the output divides the input: a mean over equal blocks
+  add_rule("aten::_adaptive_avg_pool2d", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t);
+    int64_t r = x.rank();
+    const Shape& out = c.oshape();
+    int64_t H = x.shape()[r - 2], W = x.shape()[r - 1], oh = out[r - 2], ow = out[r - 1];
+    if (oh == 0 || ow == 0 || H % oh || W % ow) throw Unsupported("adaptive pooling with uneven windows");
+    Shape s(x.shape().begin(), x.shape().end() - 2);
+    s.insert(s.end(), {oh, H / oh, ow, W / ow});
+    Value m = b.reduce(b.reshape(x, s), b.zeros(t, {}), {r - 1, r + 1}, "add");
+    return {b.convert(b.div(m, b.constant(static_cast<double>((H / oh) * (W / ow)), t, m.shape())), c.odt())};
+  });
+  add_rule("aten::_adaptive_avg_pool2d_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value g = b.convert(c.in(0), t), x = c.in(1);
+    int64_t r = x.rank();
+    int64_t H = x.shape()[r - 2], W = x.shape()[r - 1], oh = g.shape()[r - 2], ow = g.shape()[r - 1];
+    if (oh == 0 || ow == 0 || H % oh || W % ow) throw Unsupported("adaptive pooling with uneven windows");
+    Shape s(x.shape().begin(), x.shape().end() - 2);
+    s.insert(s.end(), {oh, H / oh, ow, W / ow});
+    std::vector<int64_t> dims;
+    for (int64_t i = 0; i < r - 2; ++i) dims.push_back(i);
+    dims.push_back(r - 2);
+    dims.push_back(r);
+    Value spread = b.broadcast_in_dim(b.div(g, b.constant(static_cast<double>((H / oh) * (W / ow)), t, g.shape())), s, dims);
+    return {b.convert(b.reshape(spread, x.shape()), c.odt())};
+  });
   add_rule("aten::_softmax", softmax(false));
   add_rule("aten::_log_softmax", softmax(true));
   // softmax backward: y * (g - sum(g * y)); log_softmax backward: g - exp(y) * sum(g)

@@ -20,6 +20,7 @@ def pos(*s):
 
 
 W4 = pos(4)
+RM, RV = r(3), pos(3)
 
 # (id, function, inputs) -- inputs are CPU tensors/values; tensors that require
 # grad get their gradients compared too.
@@ -138,6 +139,13 @@ CASES = [
     ("conv_transpose2d", lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
      [r(1, 3, 5, 5), r(3, 2, 3, 3)]),
     ("max_pool2d", lambda x: F.max_pool2d(x, 2), [r(2, 3, 8, 8)]),
+    ("avg_pool2d", lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), [r(2, 3, 9, 9)]),
+    ("avg_pool2d_ceil_nopad", lambda x: F.avg_pool2d(x, 2, ceil_mode=True, count_include_pad=False), [r(1, 2, 7, 7)]),
+    ("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), [r(2, 3, 8, 9)]),
+    ("batch_norm_eval", lambda x, w, b: F.batch_norm(x, RM.to(x.device), RV.to(x.device), w, b, training=False),
+     [r(4, 3, 5, 5), r(3), r(3)]),
+    ("sort", lambda x: torch.sort(x, 1, descending=True)[0] + torch.sort(x, 0)[1], [r(5, 7)]),
+    ("topk", lambda x: x.topk(3, dim=1)[0], [r(4, 9)]),
     ("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), [r(1, 2, 9, 9)]),
 ]
 
@@ -181,3 +189,24 @@ def test_parity(name, fn, inputs, highest):
                     torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=1e-4, atol=1e-4)
     fb = torch_tpu.metrics.cpu_fallbacks()
     assert not fb, f"ops fell back to the CPU: {fb}"
+
+
+def test_batch_norm_training_updates_running_stats(highest):
+    torch.manual_seed(0)
+    bn_c = torch.nn.BatchNorm2d(3)
+    bn_t = torch.nn.BatchNorm2d(3).to("tpu")
+    x = torch.randn(4, 3, 5, 5) * 2 + 1
+    for _ in range(2):
+        yc = bn_c(x)
+        yt = bn_t(x.to("tpu"))
+    torch_tpu.metrics.reset()
+    xc = x.clone().requires_grad_(True)
+    xt = x.to("tpu").requires_grad_(True)
+    (bn_c(xc) * torch.arange(5.0)).sum().backward()
+    (bn_t(xt) * torch.arange(5.0, device="tpu")).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bn_t.weight.grad.cpu(), bn_c.weight.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(bn_t.running_mean.cpu(), bn_c.running_mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(bn_t.running_var.cpu(), bn_c.running_var, rtol=1e-5, atol=1e-5)
+    assert int(bn_t.num_batches_tracked) == 3
+    assert not torch_tpu.metrics.cpu_fallbacks(), torch_tpu.metrics.cpu_fallbacks()
