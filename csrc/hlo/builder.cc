@@ -253,6 +253,20 @@ Value Builder::highest(DType t) {
   }
 }
 
+Value Builder::constant_array(const std::vector<int64_t>& v, DType t) {
+  Type ty{t, {static_cast<int64_t>(v.size())}};
+  if (v.empty()) return zeros(t, ty.shape);
+  return emit("constant", {}, ty, "value = dense<[" + join(v) + "]> : " + ty.str());
+}
+
+Value Builder::constant_array(const std::vector<double>& v, DType t) {
+  Type ty{t, {static_cast<int64_t>(v.size())}};
+  if (v.empty()) return zeros(t, ty.shape);
+  std::string lits;
+  for (size_t i = 0; i < v.size(); ++i) lits += (i ? ", " : "") + float_literal(v[i], t);
+  return emit("constant", {}, ty, "value = dense<[" + lits + "]> : " + ty.str());
+}
+
 Value Builder::iota(DType t, const Shape& s, int64_t dim) {
   return emit("iota", {}, Type{t, s}, "iota_dimension = " + std::to_string(dim) + " : i64");
 }

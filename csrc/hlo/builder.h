@@ -99,6 +99,9 @@ class Builder {
   Value constant_int(int64_t v, DType t, const Shape& shape = {});
   Value zeros(DType t, const Shape& s) { return constant(0.0, t, s); }
   Value iota(DType t, const Shape& s, int64_t dim);
+  // A 1-D constant holding `v` (ints or floats of type t).
+  Value constant_array(const std::vector<int64_t>& v, DType t);
+  Value constant_array(const std::vector<double>& v, DType t);
   Value lowest(DType t);   // -inf, or the type's minimum (scalar)
   Value highest(DType t);  // +inf, or the type's maximum (scalar)
 

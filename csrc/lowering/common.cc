@@ -42,6 +42,7 @@ void register_all() {
     register_linalg();
     register_nn();
     register_random();
+    register_resample();
   });
 }
 

@@ -539,6 +539,27 @@ void register_elementwise() {
     Value d = b.select(b.compare(v, k(b, 0, v), Cmp::GT), scale, neg);
     return {b.convert(b.mul(g, d), c.odt())};
   });
+  // logit(x, eps?) = log(z / (1 - z)), z = clamp(x, eps, 1 - eps) when eps is given
+  add_rule("aten::logit", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value x = c.in_out(0, t);
+    if (c.has(1)) {
+      double e = c.num(1);
+      x = b.clamp(k(b, e, x), x, k(b, 1 - e, x));
+    }
+    return {b.convert(b.unary("log", b.div(x, b.sub(k(b, 1, x), x))), c.odt())};
+  });
+  // hardswish'(x) = x < -3 ? 0 : x <= 3 ? (2x + 3) / 6 : 1
+  add_rule("aten::hardswish_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    Value mid = b.div(b.add(b.mul(k(b, 2, x), x), k(b, 3, x)), k(b, 6, x));
+    Value d = b.select(b.compare(x, k(b, -3, x), Cmp::LT), k(b, 0, x),
+                       b.select(b.compare(x, k(b, 3, x), Cmp::LE), mid, k(b, 1, x)));
+    return {b.convert(b.mul(g, d), c.odt())};
+  });
   // softplus_backward(g, x, beta, th) = bx > th ? g : g * sigmoid(bx)
   add_rule("aten::softplus_backward", [](Ctx& c) -> V {
     DType t = compute_type(c.odt());

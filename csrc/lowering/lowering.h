@@ -155,6 +155,7 @@ void register_indexing();
 void register_linalg();
 void register_nn();
 void register_random();
+void register_resample();
 void register_all();
 
 }  // namespace tt::lower

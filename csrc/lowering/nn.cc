@@ -455,6 +455,117 @@ void register_nn() {
     return {d};
   });
 
+  // pointwise losses: smooth_l1(beta) = |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta;
+  // huber(delta) = |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta); bce = -(y log x + (1-y) log(1-x)), logs >= -100
+  auto reduce_loss = [](Builder& b, Value l, int64_t red) {
+    if (red == 0) return l;
+    Value s = b.reduce(l, b.zeros(l.dtype(), {}), all_dims(l.rank()), "add");
+    return red == 1 ? b.div(s, b.constant(static_cast<double>(hlo::numel(l.shape())), l.dtype())) : s;
+  };
+  auto grad_scale = [](Builder& b, Value d, Value g, int64_t red) {  // g broadcast, / N for mean
+    Value r = b.mul(d, b.broadcast_to(g, d.shape()));
+    if (red == 1) r = b.div(r, b.constant(static_cast<double>(hlo::numel(d.shape())), d.dtype(), d.shape()));
+    return r;
+  };
+  for (bool huber : {false, true}) {
+    add_rule(huber ? "aten::huber_loss" : "aten::smooth_l1_loss", [huber, reduce_loss](Ctx& c) -> V {
+      Builder& b = c.b;
+      DType t = compute_type(c.odt());
+      Value d = b.sub(b.convert(c.in(0), t), b.convert(c.in(1), t));
+      Value a = b.unary("abs", d);
+      double beta = c.num_or(3, 1.0);
+      Value bv = b.constant(beta, t, d.shape());
+      Value half = b.constant(0.5, t, d.shape());
+      Value quad = huber ? b.mul(half, b.mul(d, d)) : b.div(b.mul(half, b.mul(d, d)), bv);
+      Value lin = huber ? b.mul(bv, b.sub(a, b.mul(half, bv))) : b.sub(a, b.mul(half, bv));
+      Value l = (beta == 0.0 && !huber) ? a : b.select(b.compare(a, bv, Cmp::LT), quad, lin);
+      return {b.convert(reduce_loss(b, l, c.int_or(2, 1)), c.odt())};
+    });
+    add_rule(huber ? "aten::huber_loss_backward" : "aten::smooth_l1_loss_backward",
+             [huber, grad_scale](Ctx& c) -> V {
+      Builder& b = c.b;
+      DType t = compute_type(c.odt());
+      Value d = b.sub(b.convert(c.in(1), t), b.convert(c.in(2), t));
+      Value a = b.unary("abs", d);
+      double beta = c.num_or(4, 1.0);
+      Value bv = b.constant(beta, t, d.shape());
+      Value sign = b.unary("sign", d);
+      Value in = huber ? d : (beta == 0.0 ? sign : b.div(d, bv));
+      Value out = huber ? b.mul(bv, sign) : sign;
+      Value dl = b.select(b.compare(a, bv, Cmp::LT), in, out);
+      return {b.convert(grad_scale(b, dl, b.convert(c.in(0), t), c.int_or(3, 1)), c.odt())};
+    });
+  }
+  add_rule("aten::binary_cross_entropy", [reduce_loss](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
+    Value floor = b.constant(-100, t, x.shape());
+    Value lx = b.max(b.unary("log", x), floor), l1x = b.max(b.unary("log_plus_one", b.neg(x)), floor);
+    Value one = b.constant(1, t, x.shape());
+    Value l = b.neg(b.add(b.mul(y, lx), b.mul(b.sub(one, y), l1x)));
+    if (c.has(2)) l = b.mul(l, b.broadcast_to(b.convert(c.in(2), t), l.shape()));
+    return {b.convert(reduce_loss(b, l, c.int_or(3, 1)), c.odt())};
+  });
+  // d bce / dx = (x - y) / max((1 - x) x, 1e-12)
+  add_rule("aten::binary_cross_entropy_backward", [grad_scale](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(1), t), y = b.convert(c.in(2), t);
+    Value one = b.constant(1, t, x.shape());
+    Value den = b.max(b.mul(b.sub(one, x), x), b.constant(1e-12, t, x.shape()));
+    Value d = b.div(b.sub(x, y), den);
+    if (c.has(3)) d = b.mul(d, b.broadcast_to(b.convert(c.in(3), t), d.shape()));
+    return {b.convert(grad_scale(b, d, b.convert(c.in(0), t), c.int_or(4, 1)), c.odt())};
+  });
+  // glu(x, dim) = a * sigmoid(b) for the two halves of x along dim
+  add_rule("aten::glu", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t);
+    int64_t dim = wrap_dim(c.int_or(1, -1), x.rank()), h = x.shape()[dim] / 2;
+    Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
+    lim[dim] = h;
+    Value a = b.slice(x, st, lim, step);
+    st[dim] = h;
+    lim[dim] = 2 * h;
+    Value g = b.slice(x, st, lim, step);
+    return {b.convert(b.mul(a, b.unary("logistic", g)), c.odt())};
+  });
+  // glu_backward(g, x, dim) = [g * s, g * a * s * (1 - s)], s = sigmoid(second half)
+  add_rule("aten::glu_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value go = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
+    int64_t dim = wrap_dim(c.int_or(2, -1), x.rank()), h = x.shape()[dim] / 2;
+    Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
+    lim[dim] = h;
+    Value a = b.slice(x, st, lim, step);
+    st[dim] = h;
+    lim[dim] = 2 * h;
+    Value s = b.unary("logistic", b.slice(x, st, lim, step));
+    Value da = b.mul(go, s);
+    Value db = b.mul(b.mul(go, a), b.mul(s, b.sub(b.constant(1, t, s.shape()), s)));
+    return {b.convert(b.concatenate({da, db}, dim), c.odt())};
+  });
+  // _prelu_kernel(x, w) = x > 0 ? x : w x  (w broadcast as given)
+  add_rule("aten::_prelu_kernel", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt();
+    Value x = c.in_out(0, t), w = c.in_out(1, t);
+    return {b.select(b.compare(x, b.zeros(t, x.shape()), Cmp::GT), x, b.mul(w, x))};
+  });
+  // _prelu_kernel_backward(g, x, w) -> (x > 0 ? g : w g, x > 0 ? 0 : x g)
+  add_rule("aten::_prelu_kernel_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt();
+    Value g = c.in_out(0, t), x = c.in_out(1, t), w = c.in_out(2, t);
+    Value pos = b.compare(x, b.zeros(t, x.shape()), Cmp::GT);
+    Value dx = b.select(pos, g, b.mul(w, g));
+    Value dw = b.select(pos, b.zeros(t, x.shape()), b.mul(x, g));
+    return {dx, dw};  // autograd sums dw down to the weight's shape
+  });
+
   // native_dropout(x, p, train) -> (x * keep / (1 - p), keep), keep = u >= p
   add_rule("aten::native_dropout", [](Ctx& c) -> V {
     Builder& b = c.b;

@@ -21,6 +21,7 @@ def pos(*s):
 
 W4 = pos(4)
 RM, RV = r(3), pos(3)
+PW = torch.tensor([0.1, 0.2, 0.3])
 
 # (id, function, inputs) -- inputs are CPU tensors/values; tensors that require
 # grad get their gradients compared too.
@@ -144,6 +145,19 @@ CASES = [
     ("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), [r(2, 3, 8, 9)]),
     ("batch_norm_eval", lambda x, w, b: F.batch_norm(x, RM.to(x.device), RV.to(x.device), w, b, training=False),
      [r(4, 3, 5, 5), r(3), r(3)]),
+    ("interp_nearest", lambda x: F.interpolate(x, size=(7, 11), mode="nearest"), [r(2, 3, 5, 4)]),
+    ("interp_bilinear", lambda x: F.interpolate(x, scale_factor=1.7, mode="bilinear"), [r(2, 3, 5, 4)]),
+    ("interp_bilinear_ac", lambda x: F.interpolate(x, size=(9, 3), mode="bilinear", align_corners=True), [r(1, 2, 5, 4)]),
+    ("interp_linear1d", lambda x: F.interpolate(x, scale_factor=2, mode="linear"), [r(2, 3, 6)]),
+    ("reflect_pad", lambda x: F.pad(x, (2, 1, 1, 3), mode="reflect"), [r(2, 3, 5, 6)]),
+    ("replicate_pad", lambda x: F.pad(x, (2, 1, 1, 3), mode="replicate"), [r(2, 3, 5, 6)]),
+    ("reflect_pad1d", lambda x: F.pad(x, (3, 2), mode="reflect"), [r(2, 3, 6)]),
+    ("smooth_l1", lambda x, y: F.smooth_l1_loss(x, y, beta=0.5), [r(4, 5), r(4, 5)]),
+    ("huber", lambda x, y: F.huber_loss(x, y, delta=0.7, reduction="sum"), [r(4, 5), r(4, 5)]),
+    ("bce", lambda x, y: F.binary_cross_entropy(torch.sigmoid(x), y), [r(4, 5), torch.rand(4, 5)]),
+    ("glu", lambda x: F.glu(x, 1), [r(3, 8)]),
+    ("prelu", lambda x: F.prelu(x, PW.to(x.device)), [r(2, 3, 4)]),
+    ("hardswish", F.hardswish, [r(20) * 3]),
     ("sort", lambda x: torch.sort(x, 1, descending=True)[0] + torch.sort(x, 0)[1], [r(5, 7)]),
     ("topk", lambda x: x.topk(3, dim=1)[0], [r(4, 9)]),
     ("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), [r(1, 2, 9, 9)]),
