@@ -141,9 +141,53 @@ void index_layout(const Value& x, const Advanced& a, Shape* out, std::vector<int
   if (!a.adjacent) out->insert(out->begin(), a.bshape.begin(), a.bshape.end());
 }
 
+// scatter_reduce(self, dim, index, src, reduce, include_self): sum | prod | mean | amax | amin
+V scatter_reduce(Ctx& c) {
+  Builder& b = c.b;
+  DType t = c.odt();
+  Value x = b.convert(c.in(0), t);
+  if (x.rank() == 0) throw Unsupported("scatter_reduce on a 0-dim tensor");
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  Value idx = c.in(2);
+  if (hlo::numel(idx.shape()) == 0) return {x};
+  idx = wrap_index(b, idx, x.shape()[dim]);
+  int64_t n = hlo::numel(idx.shape());
+  Value src = b.slice(b.convert(c.in(3), t), Shape(idx.rank(), 0), idx.shape(), Shape(idx.rank(), 1));
+  std::string red = c.str(4);
+  bool include_self = c.flag_or(5, true);
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
+  Value coords = coords_along(b, idx, dim, x.rank());
+  Value upd = b.reshape(src, {n});
+  // how many updates each position receives
+  Value count = b.scatter(b.zeros(t, x.shape()), coords, b.constant(1, t, {n}), all, "add");
+  Value hit = b.compare(count, b.zeros(t, x.shape()), hlo::Cmp::GT);
+  auto base = [&](Value neutral) { return include_self ? x : b.select(hit, neutral, x); };
+  if (red == "sum" || red == "mean") {
+    Value s = b.scatter(base(b.zeros(t, x.shape())), coords, upd, all, "add");
+    if (red == "sum") return {s};
+    Value cnt = include_self ? b.add(count, b.constant(1, t, x.shape())) : b.max(count, b.constant(1, t, x.shape()));
+    Value m = b.div(s, cnt);
+    if (hlo::is_int(t)) {  // PyTorch floors integer means
+      Value r = b.binary("remainder", s, cnt);
+      Value adj = b.binary("and", b.compare(r, b.zeros(t, r.shape()), hlo::Cmp::NE),
+                           b.compare(s, b.zeros(t, s.shape()), hlo::Cmp::LT));
+      m = b.select(adj, b.sub(m, b.constant(1, t, m.shape())), m);
+    }
+    return {b.select(hit, m, x)};
+  }
+  if (red == "prod") return {b.scatter(base(b.constant(1, t, x.shape())), coords, upd, all, "multiply")};
+  if (red == "amax")
+    return {b.scatter(base(b.broadcast_to(b.lowest(t), x.shape())), coords, upd, all, "maximum")};
+  if (red == "amin")
+    return {b.scatter(base(b.broadcast_to(b.highest(t), x.shape())), coords, upd, all, "minimum")};
+  throw Unsupported("scatter_reduce reduce=" + red);
+}
+
 }  // namespace
 
 void register_indexing() {
+  add_rule("aten::scatter_reduce.two", scatter_reduce);
   add_rule("aten::index_select", [](Ctx& c) -> V {
     Value x = c.in(0);
     if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};

@@ -150,6 +150,28 @@ void register_shape() {
     Value r = b.add(b.broadcast_to(c.scalar(0, t), s), b.mul(i, b.broadcast_to(c.scalar(2, t), s)));
     return {b.convert(r, c.odt())};
   });
+  // eye(n, m) = (row == col)
+  for (auto n : {"aten::eye.out", "aten::eye.m_out"})
+    add_rule(n, [](Ctx& c) -> V {
+      const Shape& s = c.oshape();
+      Value eq = c.b.compare(c.b.iota(DType::S64, s, 0), c.b.iota(DType::S64, s, 1), hlo::Cmp::EQ);
+      return {c.b.convert(eq, c.odt())};
+    });
+  // triu_indices / tril_indices(row, col, offset): coordinates listed on the host
+  for (bool upper : {true, false})
+    add_rule(upper ? "aten::triu_indices" : "aten::tril_indices", [upper](Ctx& c) -> V {
+      int64_t rows = c.int_(0), cols = c.int_(1), off = c.int_or(2, 0);
+      std::vector<int64_t> rr, cc;
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j)
+          if (upper ? j - i >= off : j - i <= off) {
+            rr.push_back(i);
+            cc.push_back(j);
+          }
+      int64_t n = static_cast<int64_t>(rr.size());
+      rr.insert(rr.end(), cc.begin(), cc.end());
+      return {c.b.reshape(c.b.constant_array(rr, c.odt()), {2, n})};
+    });
   // linspace(start, end, steps) = start + i * (end - start) / (steps - 1)
   add_rule("aten::linspace.out", [](Ctx& c) -> V {
     Builder& b = c.b;

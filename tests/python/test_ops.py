@@ -22,6 +22,7 @@ def pos(*s):
 W4 = pos(4)
 RM, RV = r(3), pos(3)
 PW = torch.tensor([0.1, 0.2, 0.3])
+SR_IDX = torch.tensor([[0, 1, 1, 5], [2, 2, 0, 0], [3, 4, 3, 4]])
 
 # (id, function, inputs) -- inputs are CPU tensors/values; tensors that require
 # grad get their gradients compared too.
@@ -158,6 +159,11 @@ CASES = [
     ("glu", lambda x: F.glu(x, 1), [r(3, 8)]),
     ("prelu", lambda x: F.prelu(x, PW.to(x.device)), [r(2, 3, 4)]),
     ("hardswish", F.hardswish, [r(20) * 3]),
+    ("scatter_reduce_amax", lambda a, s: a.scatter_reduce(1, SR_IDX.to(a.device), s, "amax", include_self=False),
+     [r(3, 6), r(3, 4)]),
+    ("scatter_reduce_mean", lambda a, s: a.scatter_reduce(1, SR_IDX.to(a.device), s, "mean"), [r(3, 6), r(3, 4)]),
+    ("eye_tri_indices", lambda a: a + torch.eye(3, 4, device=a.device) + torch.triu_indices(3, 4, device=a.device)[1, :4],
+     [r(3, 4)]),
     ("sort", lambda x: torch.sort(x, 1, descending=True)[0] + torch.sort(x, 0)[1], [r(5, 7)]),
     ("topk", lambda x: x.topk(3, dim=1)[0], [r(4, 9)]),
     ("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), [r(1, 2, 9, 9)]),
