@@ -185,6 +185,31 @@ Value pool_count(Builder& b, const Value& x, const Pool2& q, bool include_pad, i
   return b.reduce_window(ones, b.zeros(t, {}), q.window, q.strides, pad, "add");
 }
 
+// nll_loss geometry: x as [N, C], targets with ignore_index masked to class 0,
+// per-sample weights (zero where ignored).
+struct Nll {
+  Value x, safe, w;
+  int64_t n;
+  DType t;
+};
+Nll nll_targets(Ctx& c, Value x, Value tgt, size_t weight_arg, int64_t ignore_index) {
+  Builder& b = c.b;
+  Nll l;
+  l.t = x.dtype();
+  tgt = b.convert(tgt, DType::S64);
+  if (x.rank() == 1) {
+    x = b.reshape(x, {1, x.shape()[0]});
+    tgt = b.reshape(tgt, {1});
+  }
+  l.n = x.shape()[0];
+  l.x = x;
+  Value valid = b.compare(tgt, b.constant_int(ignore_index, DType::S64, {l.n}), Cmp::NE);
+  l.safe = b.select(valid, tgt, b.zeros(DType::S64, {l.n}));
+  Value w = c.has(weight_arg) ? b.take(b.convert(c.in(weight_arg), l.t), l.safe, 0) : b.constant(1, l.t, {l.n});
+  l.w = b.select(valid, w, b.zeros(l.t, {l.n}));
+  return l;
+}
+
 }  // namespace
 
 void register_nn() {
@@ -387,25 +412,13 @@ void register_nn() {
   // nll_loss_forward(x, target, w?, reduction, ignore_index) -> (loss, total_weight)
   add_rule("aten::nll_loss_forward", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x = c.in(0), tgt = b.convert(c.in(1), DType::S64);
-    DType t = x.dtype();
-    if (x.rank() == 1) {
-      x = b.reshape(x, {1, x.shape()[0]});
-      tgt = b.reshape(tgt, {1});
-    }
-    int64_t n = x.shape()[0], cls = x.shape()[1];
+    Nll l = nll_targets(c, c.in(0), c.in(1), 2, c.int_(4));
+    Value picked = b.reshape(b.take_along(l.x, b.reshape(l.safe, {l.n, 1}), 1), {l.n});
     int64_t reduction = c.int_(3);
-    Value ignore = b.constant_int(c.int_(4), DType::S64, {n});
-    Value valid = b.compare(tgt, ignore, Cmp::NE);
-    Value safe = b.select(valid, tgt, b.zeros(DType::S64, {n}));
-    Value picked = b.reshape(b.take_along(x, b.reshape(safe, {n, 1}), 1), {n});
-    Value w = c.has(2) ? b.take(b.convert(c.in(2), t), safe, 0) : b.constant(1, t, {n});
-    w = b.select(valid, w, b.zeros(t, {n}));
-    (void)cls;
-    Value loss = b.neg(b.mul(picked, w));
-    Value total = b.reduce(w, b.zeros(t, {}), {0}, "add");
+    Value loss = b.neg(b.mul(picked, l.w));
+    Value total = b.reduce(l.w, b.zeros(l.t, {}), {0}, "add");
     if (reduction == 0) return {loss, total};
-    Value s = b.reduce(loss, b.zeros(t, {}), {0}, "add");
+    Value s = b.reduce(loss, b.zeros(l.t, {}), {0}, "add");
     if (reduction == 1) s = b.div(s, total);
     return {s, total};
   });
@@ -413,19 +426,13 @@ void register_nn() {
   // dx[i, target_i] = -w_i * g_i (/ total_weight for mean)
   add_rule("aten::nll_loss_backward", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x = c.in(1), tgt = b.convert(c.in(2), DType::S64), g = c.in(0);
-    DType t = x.dtype();
-    Shape orig = x.shape();
-    if (x.rank() == 1) {
-      x = b.reshape(x, {1, x.shape()[0]});
-      tgt = b.reshape(tgt, {1});
-    }
-    int64_t n = x.shape()[0], cls = x.shape()[1];
+    Value g = c.in(0);
+    Shape orig = c.in(1).shape();
+    Nll l = nll_targets(c, c.in(1), c.in(2), 3, c.int_(5));
+    DType t = l.t;
+    int64_t n = l.n, cls = l.x.shape()[1];
     int64_t reduction = c.int_(4);
-    Value valid = b.compare(tgt, b.constant_int(c.int_(5), DType::S64, {n}), Cmp::NE);
-    Value safe = b.select(valid, tgt, b.zeros(DType::S64, {n}));
-    Value w = c.has(3) ? b.take(b.convert(c.in(3), t), safe, 0) : b.constant(1, t, {n});
-    w = b.select(valid, w, b.zeros(t, {n}));
+    Value w = l.w, safe = l.safe;
     Value gv = reduction == 0 ? b.reshape(b.convert(g, t), {n}) : b.broadcast_to(b.convert(g, t), {n});
     Value coef = b.neg(b.mul(w, gv));
     if (reduction == 1) coef = b.div(coef, b.broadcast_to(b.convert(c.in(6), t), {n}));
