@@ -48,10 +48,6 @@ std::atomic<uint64_t> g_next_addr{uint64_t(1) << 40};
 thread_local int t_device = 0;
 std::atomic<int> g_device_count{0};
 
-struct Holder {
-  engine::StoragePtr st;
-};
-
 void delete_holder(void* ctx) {
   auto* h = static_cast<engine::StoragePtr*>(ctx);
   g_live -= (*h)->nbytes;

@@ -233,7 +233,6 @@ void register_indexing() {
     auto [a, out, rest, offset_dims] = indexed(c, x);
     Value vals = b.broadcast_to(b.convert(c.in(2), x.dtype()), out);
     // move batch dims to the front: [B..., rest...]
-    int64_t nb = static_cast<int64_t>(a.bshape.size());
     std::vector<int64_t> perm;
     for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
       bool is_off = false;
@@ -245,7 +244,6 @@ void register_indexing() {
     Shape us{hlo::numel(a.bshape)};
     for (int64_t s : rest) us.push_back(s);
     vals = b.reshape(vals, us);
-    (void)nb;
     bool acc = c.flag_or(3, false);
     return {b.scatter(x, a.coords, vals, a.dims, acc ? "add" : "")};
   });

@@ -185,6 +185,17 @@ Value pool_count(Builder& b, const Value& x, const Pool2& q, bool include_pad, i
   return b.reduce_window(ones, b.zeros(t, {}), q.window, q.strides, pad, "add");
 }
 
+// The two halves of x along dim.
+std::pair<Value, Value> halves(Builder& b, Value x, int64_t dim) {
+  int64_t h = x.shape()[dim] / 2;
+  Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
+  lim[dim] = h;
+  Value first = b.slice(x, st, lim, step);
+  st[dim] = h;
+  lim[dim] = 2 * h;
+  return {first, b.slice(x, st, lim, step)};
+}
+
 // nll_loss geometry: x as [N, C], targets with ignore_index masked to class 0,
 // per-sample weights (zero where ignored).
 struct Nll {
@@ -528,15 +539,9 @@ void register_nn() {
   // glu(x, dim) = a * sigmoid(b) for the two halves of x along dim
   add_rule("aten::glu", [](Ctx& c) -> V {
     Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = b.convert(c.in(0), t);
-    int64_t dim = wrap_dim(c.int_or(1, -1), x.rank()), h = x.shape()[dim] / 2;
-    Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
-    lim[dim] = h;
-    Value a = b.slice(x, st, lim, step);
-    st[dim] = h;
-    lim[dim] = 2 * h;
-    Value g = b.slice(x, st, lim, step);
+    Value x = b.convert(c.in(0), compute_type(c.odt()));
+    int64_t dim = wrap_dim(c.int_or(1, -1), x.rank());
+    auto [a, g] = halves(b, x, dim);
     return {b.convert(b.mul(a, b.unary("logistic", g)), c.odt())};
   });
   // glu_backward(g, x, dim) = [g * s, g * a * s * (1 - s)], s = sigmoid(second half)
@@ -544,13 +549,9 @@ void register_nn() {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value go = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
-    int64_t dim = wrap_dim(c.int_or(2, -1), x.rank()), h = x.shape()[dim] / 2;
-    Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
-    lim[dim] = h;
-    Value a = b.slice(x, st, lim, step);
-    st[dim] = h;
-    lim[dim] = 2 * h;
-    Value s = b.unary("logistic", b.slice(x, st, lim, step));
+    int64_t dim = wrap_dim(c.int_or(2, -1), x.rank());
+    auto [a, second] = halves(b, x, dim);
+    Value s = b.unary("logistic", second);
     Value da = b.mul(go, s);
     Value db = b.mul(b.mul(go, a), b.mul(s, b.sub(b.constant(1, t, s.shape()), s)));
     return {b.convert(b.concatenate({da, db}, dim), c.odt())};

@@ -8,12 +8,6 @@ namespace tt::lower {
 namespace {
 using V = std::vector<Value>;
 
-std::vector<int64_t> iota_dims(int64_t n) {
-  std::vector<int64_t> v(n);
-  for (int64_t i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
 // tril / triu: keep x[..., i, j] where j - i <= k (tril) or j - i >= k (triu)
 Rule triangle(bool lower) {
   return [lower](Ctx& c) -> V {
@@ -184,7 +178,6 @@ void register_shape() {
     Value i = b.convert(b.iota(DType::S64, s, 0), t);
     return {b.convert(b.add(b.broadcast_to(lo, s), b.mul(i, b.broadcast_to(step, s))), c.odt())};
   });
-  (void)iota_dims;
 }
 
 }  // namespace tt::lower
