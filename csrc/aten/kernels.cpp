@@ -166,7 +166,8 @@ void sig_tensor(std::string& k, const at::Tensor& t) {
 }
 
 // Signature of the arguments for the meta cache: tensors by metadata, numbers
-// by type (by value too for factories, whose output shape may depend on them).
+// by type (floats by value too for factories, whose output shape may depend on
+// them); ints always by value.
 std::string signature(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
   std::string k;
   sig_append(k, &op.schema(), sizeof(void*));
@@ -188,8 +189,9 @@ std::string signature(const c10::OperatorHandle& op, const torch::jit::Stack& ar
       k += ']';
     } else if (v.isNone()) k += 'N';
     else if (v.isBool()) k += v.toBool() ? 'T' : 'F';
-    else if (v.isInt()) {
-      if (factory) { int64_t x = v.toInt(); sig_append(k, &x, sizeof x); }
+    else if (v.isInt()) {  // ints are dims and sizes more often than not: always exact
+      int64_t x = v.toInt();
+      sig_append(k, &x, sizeof x);
       k += 'i';
     } else if (v.isSymInt()) { int64_t x = v.toSymInt().expect_int(); sig_append(k, &x, sizeof x); k += 'I'; }
     else if (v.isDouble()) {
@@ -200,14 +202,6 @@ std::string signature(const c10::OperatorHandle& op, const torch::jit::Stack& ar
     else if (v.isComplexDouble()) k += 'c';
     else k += '?';
   }
-  return k;
-}
-
-// Int args that are dims must stay exact in the key even for non-factories.
-std::string signature_exact(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
-  std::string k = signature(op, args, factory);
-  for (const auto& v : args)
-    if (v.isInt()) { int64_t x = v.toInt(); sig_append(k, &x, sizeof x); }
   return k;
 }
 
@@ -227,7 +221,7 @@ struct MetaUnavailable {};
 std::unordered_map<std::string, MetaResult> g_meta_cache;
 
 MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
-  std::string key = signature_exact(op, args, factory);
+  std::string key = signature(op, args, factory);
   {
     std::lock_guard<std::mutex> lock(g_meta_mu);
     auto it = g_meta_cache.find(key);
