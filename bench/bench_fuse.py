@@ -4,7 +4,10 @@
 
 (1) a chain of 20 elementwise ops on a 1M-element tensor; (2) train_gpt step
 time; (3) first-step time with a cold vs a warm disk compile cache (separate
-processes); (4) peak tpu memory of a train_gpt run in each mode.
+processes); (4) peak tpu memory of a train_gpt run in each mode; (5) the
+trace cache: train_gpt step and a 200-op loop body with repeated-sequence
+detection on vs off (off: every op is lowered to program text and the flush
+looks the text up), in both modes.
 """
 import os
 import statistics
@@ -31,6 +34,26 @@ def chain(mode, reps=10):
                 y = y + 0.5
             return y.sum().item()
         run(); run()  # compile
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def loop_body(mode, reps=15):
+    import torch_tpu
+
+    x = torch.randn(64, 64, device="tpu")
+    w = torch.randn(64, 64, device="tpu")
+    with torch_tpu.eager_mode(mode):
+        def run():
+            y = x
+            for _ in range(50):
+                y = torch.tanh(y @ w) * 0.5 + y
+            return y.sum().item()
+        run(); run()
         times = []
         for _ in range(reps):
             t0 = time.perf_counter()
@@ -86,6 +109,18 @@ def main():
           f"warm {warm:.2f} s ({warm_compiles} compiles), {cold / warm:.1f}x")
     print(f"(4) peak device-buffer bytes over the train_gpt run: Strict {peak_s / 2**20:.1f} MiB, "
           f"DeferAndFuse {peak_f / 2**20:.1f} MiB")
+    for name, mode in (("DeferAndFuse", E.DEFER_AND_FUSE), ("Strict", E.DEFER_NEVER)):
+        res = {}
+        for on in (True, False, True):  # on twice (first and last) to expose drift of the machine
+            torch_tpu._C._set_tracing(on, False)
+            g, _ = gpt_steps("tpu", 20, mode)
+            res.setdefault(on, []).append((g, loop_body(mode)))
+        torch_tpu._C._set_tracing(True, False)
+        g_on = min(r[0] for r in res[True]); l_on = min(r[1] for r in res[True])
+        g_off, l_off = res[False][0]
+        print(f"(5) trace cache, {name}: train_gpt step {g_off * 1e3:.1f} ms off vs {g_on * 1e3:.1f} ms on "
+              f"({g_off / g_on:.2f}x); 200-op 64x64 loop body {l_off * 1e3:.2f} ms off vs {l_on * 1e3:.2f} ms on "
+              f"({l_off / l_on:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,9 @@ def _start():
     except (AttributeError, RuntimeError):
         pass
     _C._set_cache_dir(_cache_dir())
+    # the trace cache: TORCH_TPU_TRACE_CACHE=0 turns it off, =verify checks it
+    tc = _os.environ.get("TORCH_TPU_TRACE_CACHE", "1")
+    _C._set_tracing(tc != "0", tc == "verify")
     if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
         _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))
     import atexit

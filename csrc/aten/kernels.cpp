@@ -1,5 +1,6 @@
 // The ATen kernels of device `tpu`: one generic boxed kernel for every lowered
 // op, the storage/view kernels, copies, and the CPU fallback.
+#include <cstring>
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
@@ -220,8 +221,10 @@ std::atomic<int64_t> g_meta_runs{0};
 struct MetaUnavailable {};
 std::unordered_map<std::string, MetaResult> g_meta_cache;
 
-MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory) {
-  std::string key = signature(op, args, factory);
+// `sig` receives the call's signature (the start of its trace key).
+MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory, std::string& sig) {
+  sig = signature(op, args, factory);
+  const std::string& key = sig;
   {
     std::lock_guard<std::mutex> lock(g_meta_mu);
     auto it = g_meta_cache.find(key);
@@ -302,6 +305,11 @@ class OpEnv final : public lower::Env {
   // objects, which autograd carries to the threads that run backward ops; the
   // process-wide default applies where no override is set (or it is -1).
   lower::Precision precision() const override {
+    lower::Precision p = current_precision();
+    read_precision = static_cast<int>(p);
+    return p;
+  }
+  static lower::Precision current_precision() {
     static const std::string key = "torch_tpu.matmul_precision";
     if (Py_IsInitialized() && at::impl::ThreadLocalPythonObjects::contains(key)) {
       const auto& obj = at::impl::ThreadLocalPythonObjects::get(key);
@@ -319,6 +327,7 @@ class OpEnv final : public lower::Env {
     return Engine::get().precision();
   }
   bool native_precision() const override { return rt::Client::get().platform_name() == "tpu"; }
+  mutable int read_precision = -1;  // the mode the rule read (it shapes the text), or -1
 
  private:
   engine::Graph& g_;
@@ -349,21 +358,26 @@ std::string python_site() {
   PyFrameObject* f = PyEval_GetFrame();
   if (!f) return "";
   Py_INCREF(f);
-  std::string out, first;
+  // "file:line (in function)" of a frame; the line is computed only for the frame reported
+  auto describe = [](PyFrameObject* fr) {
+    PyCodeObject* code = PyFrame_GetCode(fr);
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    const char* fn = PyUnicode_AsUTF8(code->co_name);
+    std::string where = std::string(file ? file : "?") + ":" + std::to_string(PyFrame_GetLineNumber(fr)) + " (in " +
+                        (fn ? fn : "?") + ")";
+    Py_DECREF(code);
+    return where;
+  };
+  PyFrameObject* first = f;  // reported when no user frame is found
+  Py_INCREF(first);
+  std::string out;
   for (int depth = 0; f && depth < 32; ++depth) {
     PyCodeObject* code = PyFrame_GetCode(f);
     const char* file = PyUnicode_AsUTF8(code->co_filename);
-    const char* fn = PyUnicode_AsUTF8(code->co_name);
-    std::string where = std::string(file ? file : "?") + ":" + std::to_string(PyFrame_GetLineNumber(f)) +
-                        " (in " + (fn ? fn : "?") + ")";
+    bool internal = file && (std::strstr(file, "/torch/") || std::strstr(file, "/torch_tpu/"));
     Py_DECREF(code);
-    if (first.empty()) first = where;
-    std::string path = file ? file : "";
-    bool internal = path.find("/torch/") != std::string::npos || path.find("/torch_tpu/") != std::string::npos;
     if (!internal) {
-      out = where;
-      Py_DECREF(f);
-      f = nullptr;
+      out = describe(f);
       break;
     }
     PyFrameObject* back = PyFrame_GetBack(f);
@@ -371,8 +385,10 @@ std::string python_site() {
     f = back;
   }
   if (f) Py_DECREF(f);
+  if (out.empty()) out = describe(first);
+  Py_DECREF(first);
   if (PyErr_Occurred()) PyErr_Clear();
-  return out.empty() ? first : out;
+  return out;
 }
 
 // ---------------------------------------------------------------- the generic kernel
@@ -440,8 +456,9 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   MetaResult meta;
+  std::string key;
   try {
-    meta = run_meta(op, args, info.factory);
+    meta = run_meta(op, args, info.factory, key);
   } catch (const MetaUnavailable&) {
     fallback_impl(op, stack, "data-dependent output shape");
     return;
@@ -459,8 +476,31 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   Engine& eng = Engine::get();
   engine::Graph& g = eng.graph(device);
+  if (eng.tracing()) {  // the trace key: the signature plus where each tpu tensor lives in the graph
+    engine::KeyBuilder kb{key};
+    auto add = [&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kTpu) g.key_view(kb, view_of(t));
+    };
+    for (const auto& v : args) {
+      if (v.isTensor()) add(v.toTensor());
+      else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) add(t);
+      else if (v.isList()) {
+        auto l = v.toList();
+        for (size_t i = 0; i < l.size(); ++i)
+          if (l.get(i).isTensor()) add(l.get(i).toTensor());
+      }
+    }
+    eng.begin_op(g, &key, [&](int a) -> double {
+      if (a < 0) return static_cast<double>(OpEnv::current_precision());
+      const c10::IValue& v = args[info.rule_args[a]];
+      return v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : std::nan("");
+    });
+  } else {
+    eng.begin_op(g, nullptr);
+  }
   auto mark = g.mark();
   std::vector<at::Tensor> outs(info.ret_alias.size());
+  lower::Reads reads;
   try {
     std::vector<lower::Arg> largs;
     largs.reserve(info.rule_args.size());
@@ -554,6 +594,8 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     OpEnv env(g, device);
     lower::Ctx ctx(g.b, env, std::move(largs), out_types);
     std::vector<hlo::Value> res = guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
+    reads = ctx.reads();
+    if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
     TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),
                 " values for ", meta.rets.size(), " outputs");
     for (const auto& [ai, v] : ctx.writes()) {
@@ -575,7 +617,8 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     g.rollback(mark);
     throw;
   }
-  g.note_op(info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), mark.b.body);
+  g.note_op(info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), mark.b.body,
+            std::move(key), std::move(reads));
   guarded(info.name.c_str(), [&] { eng.op_done(device); return 0; });
   torch::jit::drop(*stack, nargs);
   for (auto& t : outs) stack->emplace_back(t);
@@ -671,6 +714,7 @@ const at::Tensor& tpu_resize_(const at::Tensor& self, c10::IntArrayRef size,
     ns->typed = true;
     if (old->typed && old->numel() > 0 && (old->buffer || true)) {
       auto& g = Engine::get().graph(old->device);
+      Engine::get().begin_op(g, nullptr);
       int64_t n = old->numel();
       engine::View src{old, 0, {n}, {1}, old->dtype};
       engine::View dst{ns, 0, {n}, {1}, old->dtype};
@@ -735,10 +779,15 @@ void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
   bool lazy_bits = src.is_conj() || src.is_neg();
   if (dst_tpu && src_tpu && dst.device() == src.device() && !lazy_bits) {
     auto& g = eng.graph(dst.device().index());
+    auto sv = view_of(src), dv = view_of(dst);
+    std::string key = "copy";
+    engine::KeyBuilder kb{key};
+    g.key_view(kb, sv);
+    g.key_view(kb, dv);
+    eng.begin_op(g, eng.tracing() ? &key : nullptr);
     auto mark = g.mark();
     try {
-      hlo::Value v = g.load(view_of(src));
-      auto dv = view_of(dst);
+      hlo::Value v = g.load(sv);
       v = g.b.convert(v, dv.dtype);
       if (v.shape() != dv.sizes) v = g.b.broadcast_to(v, dv.sizes);
       g.store(dv, v);
@@ -746,7 +795,8 @@ void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
       g.rollback(mark);
       throw;
     }
-    g.note_op("aten::copy_");
+    g.note_op("aten::copy_", eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), mark.b.body,
+              std::move(key));
     eng.op_done(dst.device().index());
     return;
   }
@@ -831,6 +881,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 void inject_invalid_op(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
   auto& g = Engine::get().graph(t.device().index());
+  Engine::get().begin_op(g, nullptr);
   auto mark = g.mark();
   auto v = view_of(t);
   hlo::Value x = g.load(v);

@@ -290,13 +290,20 @@ py::dict metrics_dict() {
   d["disk_cache_misses"] = m.disk_misses.load();
   d["disk_cache_writes"] = m.disk_writes.load();
   d["disk_cache_errors"] = m.disk_errors.load();
+  d["trace_hits"] = m.trace_hits.load();
+  d["trace_ops"] = m.trace_ops.load();
+  d["trace_exits"] = m.trace_exits.load();
+  d["trace_recorded"] = m.trace_recorded.load();
+  d["trace_verify_failures"] = m.trace_verify_failures.load();
+  d["traces"] = engine::Engine::get().trace_count();
   return d;
 }
 
 void reset_metrics() {
   auto& m = engine::Engine::get().metrics;
   for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes, &m.disk_hits, &m.disk_misses,
-                  &m.disk_writes, &m.disk_errors,
+                  &m.disk_writes, &m.disk_errors, &m.trace_hits, &m.trace_ops, &m.trace_exits, &m.trace_recorded,
+                  &m.trace_verify_failures,
                   &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
     *c = 0;
   aten::reset_fallback_counts();
@@ -345,6 +352,20 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_cache_dir", [] { return engine::Engine::get().cache_dir(); });
   m.def("_set_fuse_limit", [](size_t n) { engine::Engine::get().set_fuse_limit(n); });
   m.def("_get_fuse_limit", [] { return engine::Engine::get().fuse_limit(); });
+  // The trace cache (repeated op sequences are built without text; see engine.h).
+  m.def("_set_tracing", [](bool on, bool verify) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto& e = engine::Engine::get();
+    e.flush_all();
+    e.set_tracing(on);
+    e.set_trace_verify(verify);
+    if (!on) e.clear_traces();
+  });
+  m.def("_get_tracing", [] {
+    auto& e = engine::Engine::get();
+    return py::make_tuple(e.tracing(), e.trace_verify());
+  });
   m.def("_get_mode", [] { return static_cast<int>(engine::Engine::get().mode()); });
   m.def("_set_precision", [](int p) {
     py::gil_scoped_release nogil;

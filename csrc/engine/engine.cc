@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -268,6 +269,32 @@ int Graph::op_at_line(int line) const {
   return found;
 }
 
+void Graph::key_view(KeyBuilder& kb, const View& v) const {
+  const Storage* st = v.st.get();
+  auto it = index_.find(const_cast<Storage*>(st));
+  if (it != index_.end()) {
+    kb.k += 'e';
+    kb.i64(it->second);
+  } else {
+    auto f = std::find(kb.fresh.begin(), kb.fresh.end(), st);
+    if (f != kb.fresh.end()) {
+      kb.k += 'r';
+      kb.i64(f - kb.fresh.begin());
+    } else {
+      kb.fresh.push_back(st);
+      kb.k += st->buffer ? 'p' : 'z';
+      kb.k += static_cast<char>(st->typed);
+      kb.k += static_cast<char>(st->dtype);
+      kb.i64(st->nbytes);
+    }
+  }
+  kb.k += static_cast<char>(v.dtype);
+  kb.i64(v.offset);
+  kb.i64(static_cast<int64_t>(v.sizes.size()));
+  kb.add(v.sizes.data(), v.sizes.size() * sizeof(int64_t));
+  kb.add(v.strides.data(), v.strides.size() * sizeof(int64_t));
+}
+
 void Graph::rollback(const Mark& m) {
   b.rollback(m.b);
   for (size_t i = m.entries; i < entries_.size(); ++i) index_.erase(entries_[i].st.get());
@@ -518,27 +545,118 @@ std::string Engine::describe_failure(const Graph& g, const std::string& what) {
   return msg;
 }
 
+// ---- traces
+void Engine::begin_op(Graph& g, const std::string* key, const CurrentFn& current) {
+  if (!key || !trace_on_) {
+    leave_trace(g);
+    g.traceable = false;
+    return;
+  }
+  if (!g.traceable) return;
+  size_t i = g.ops.size();
+  auto reads_match = [&](const lower::Reads& r) {
+    for (const auto& x : r) {
+      double c = current ? current(x.arg) : std::nan("");
+      if (x.test < 0 ? std::memcmp(&c, &x.value, sizeof c) != 0 : (c == x.value) != (x.test == 1)) return false;
+    }
+    return true;
+  };
+  auto fits = [&](const Trace& t) { return i < t.keys.size() && t.keys[i] == *key && reads_match(t.reads[i]); };
+  if (i == 0) {
+    auto it = traces_.find(*key);
+    if (it == traces_.end()) return;
+    for (const auto& t : it->second)
+      if (fits(*t)) {
+        g.trace = t;
+        g.b.set_dry(!trace_verify_);
+        return;
+      }
+    return;
+  }
+  if (!g.trace) return;
+  if (fits(*g.trace)) return;
+  // another recorded trace that shares this graph's ops so far?
+  auto it = traces_.find(g.keys[0]);
+  if (it != traces_.end())
+    for (const auto& t : it->second) {
+      if (t == g.trace || !fits(*t)) continue;
+      bool same = true;
+      for (size_t k = 0; same && k < i; ++k) same = t->keys[k] == g.keys[k] && t->reads[k] == g.reads[k];
+      if (same) {
+        g.trace = t;
+        return;
+      }
+    }
+  leave_trace(g);
+}
+
+void Engine::leave_trace(Graph& g) {
+  if (!g.trace) return;
+  if (g.b.dry()) {  // the text the ops so far produced when the trace was recorded
+    size_t n = g.ops.size();
+    g.b.materialize(g.trace->body.substr(0, g.trace->marks[n]));
+    for (size_t k = 0; k < n; ++k) g.sites[k].body_start = g.trace->marks[k];
+  }
+  g.trace = nullptr;
+  metrics.trace_exits++;
+}
+
+void Engine::record_trace(Graph& g, const std::vector<int>& outs, const std::vector<std::pair<int, int>>& aliases,
+                          rt::ExecutablePtr exe, std::shared_ptr<const std::string> text) {
+  if (!trace_on_ || !g.traceable || g.ops.empty()) return;
+  auto t = std::make_shared<Trace>();
+  t->keys = std::move(g.keys);
+  t->reads = std::move(g.reads);
+  for (auto& s : g.sites) t->marks.push_back(s.body_start);
+  t->body = g.b.body_text();
+  t->marks.push_back(t->body.size());
+  t->outs = outs;
+  t->aliases = aliases;
+  t->exe = std::move(exe);
+  t->text = std::move(text);
+  if (trace_count_ >= 4096) clear_traces();
+  auto& bucket = traces_[t->keys[0]];
+  for (auto it = bucket.begin(); it != bucket.end(); ++it)
+    if ((*it)->keys == t->keys && (*it)->reads == t->reads && (*it)->outs == t->outs && (*it)->aliases == t->aliases) {
+      bucket.erase(it);
+      --trace_count_;
+      break;
+    }
+  bucket.insert(bucket.begin(), std::move(t));
+  ++trace_count_;
+  if (bucket.size() > 8) {
+    bucket.pop_back();
+    --trace_count_;
+  }
+  metrics.trace_recorded++;
+}
+
 void Engine::flush(int device) {
   auto it = graphs_.find(device);
   if (it == graphs_.end() || !it->second) return;
   std::unique_ptr<Graph> g = std::move(it->second);
   graphs_.erase(it);
   if (!g->has_stores()) return;
+  // outputs: the storages written and still alive. An overwritten storage whose
+  // buffer nothing else holds donates it to its new value (in-place updates do
+  // not double memory).
   std::vector<int> out_entries;
+  std::vector<std::pair<int, int>> aliases;
   std::vector<Value> results;
   for (size_t i = 0; i < g->entries_.size(); ++i) {
     auto& e = g->entries_[i];
     if (e.written && e.st->alive.load()) {
-      // An overwritten storage whose buffer nothing else holds donates it to
-      // its new value (in-place updates do not double memory).
       if (e.param >= 0 && e.st->buffer && e.st->buffer.use_count() == 1 &&
           e.cur.type == Type{e.st->dtype, {e.st->numel()}})
-        g->b.alias(e.param, static_cast<int>(results.size()));
+        aliases.emplace_back(e.param, static_cast<int>(results.size()));
       out_entries.push_back(static_cast<int>(i));
       results.push_back(e.cur);
     }
   }
-  if (results.empty()) return;
+  if (results.empty()) {
+    if (g->trace) metrics.trace_exits++;
+    return;
+  }
   metrics.flushes++;
   auto t_start = std::chrono::steady_clock::now();
   struct Timer {
@@ -548,25 +666,50 @@ void Engine::flush(int device) {
       acc += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     }
   } timer{t_start, metrics.flush_ns};
-  std::string text = g->b.module(results);
-  metrics.program_bytes += static_cast<int64_t>(text.size());
+  auto run = [&](const rt::ExecutablePtr& exe) {
+    std::vector<rt::BufferPtr> keep;
+    std::vector<PJRT_Buffer*> args;
+    for (auto& p : g->params_) {
+      rt::BufferPtr buf = p.entry >= 0 ? g->entries_[p.entry].st->buffer : scalar_buffer(p.v, p.is_int, p.t, device);
+      keep.push_back(buf);
+      args.push_back(buf->get());
+    }
+    auto outs = exe->execute(device, args);
+    metrics.executions++;
+    for (size_t i = 0; i < out_entries.size(); ++i) g->entries_[out_entries[i]].st->buffer = outs[i];
+  };
+  const Trace* t = g->trace.get();
+  if (t && g->ops.size() == t->keys.size() && out_entries == t->outs && aliases == t->aliases) {
+    metrics.trace_hits++;
+    metrics.trace_ops += static_cast<int64_t>(g->ops.size());
+    if (g->b.dry()) {  // the recorded program, without text
+      last_program_ = t->text;
+      run(t->exe);
+      return;
+    }
+    if (g->b.body_text() != t->body) {
+      metrics.trace_verify_failures++;
+      size_t k = 0;
+      while (k + 1 < g->ops.size() && g->sites[k + 1].body_start == t->marks[k + 1] &&
+             g->b.body_text().compare(0, t->marks[k + 1], t->body, 0, t->marks[k + 1]) == 0)
+        ++k;
+      fprintf(stderr, "torch_tpu: trace verify: the text differs from the recorded trace at op %zu (%s)\n", k,
+              g->ops[k].c_str());
+    }
+  }
+  leave_trace(*g);
+  for (auto& [p, r] : aliases) g->b.alias(p, r);
+  auto text = std::make_shared<const std::string>(g->b.module(results));
+  metrics.program_bytes += static_cast<int64_t>(text->size());
   last_program_ = text;
   rt::ExecutablePtr exe;
   try {
-    exe = compile(text);
+    exe = compile(*text);
   } catch (const rt::Error& err) {
     throw rt::Error(describe_failure(*g, err.what()), err.code());
   }
-  std::vector<rt::BufferPtr> keep;
-  std::vector<PJRT_Buffer*> args;
-  for (auto& p : g->params_) {
-    rt::BufferPtr buf = p.entry >= 0 ? g->entries_[p.entry].st->buffer : scalar_buffer(p.v, p.is_int, p.t, device);
-    keep.push_back(buf);
-    args.push_back(buf->get());
-  }
-  auto outs = exe->execute(device, args);
-  metrics.executions++;
-  for (size_t i = 0; i < out_entries.size(); ++i) g->entries_[out_entries[i]].st->buffer = outs[i];
+  run(exe);
+  record_trace(*g, out_entries, aliases, exe, text);
 }
 
 void Engine::read(const View& v, void* dst) {
@@ -587,9 +730,16 @@ void Engine::read(const View& v, void* dst) {
     // materialise the view into a fresh dense storage first
     auto tmp = std::make_shared<Storage>(n * hlo::itemsize(v.dtype), v.st->device);
     Graph& g = graph(v.st->device);
-    Value x = g.load(v);
     View out{tmp, 0, {n}, {1}, v.dtype};
+    std::string key = "read";
+    KeyBuilder kb{key};
+    g.key_view(kb, v);
+    g.key_view(kb, out);
+    begin_op(g, &key);
+    auto mark = g.mark();
+    Value x = g.load(v);
     g.store(out, g.b.reshape(x, {n}));
+    g.note_op("read (tpu to host)", "", mark.b.body, std::move(key));
     flush(v.st->device);
     buf = tmp->buffer;
   }
@@ -619,9 +769,16 @@ void Engine::write(const View& v, const void* src) {
   tmp->typed = true;
   tmp->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
   Graph& g = graph(v.st->device);
-  Value x = g.load(View{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype});
+  View in{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype};
+  std::string key = "write";
+  KeyBuilder kb{key};
+  g.key_view(kb, in);
+  g.key_view(kb, v);
+  begin_op(g, &key);
+  auto mark = g.mark();
+  Value x = g.load(in);
   g.store(v, x);
-  g.note_op("copy_ (host to tpu)");
+  g.note_op("copy_ (host to tpu)", "", mark.b.body, std::move(key));
   op_done(v.st->device);
 }
 

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -54,6 +55,35 @@ struct Metrics {
   std::atomic<int64_t> h2d_transfers{0}, h2d_bytes{0}, d2h_transfers{0}, d2h_bytes{0};
   std::atomic<int64_t> flushes{0}, compile_ns{0}, flush_ns{0}, program_bytes{0};
   std::atomic<int64_t> disk_hits{0}, disk_misses{0}, disk_writes{0}, disk_errors{0};
+  // traces: flushes run from a recorded trace without program text, ops built
+  // dry, traces left before their end, and (verify mode) text mismatches
+  std::atomic<int64_t> trace_hits{0}, trace_ops{0}, trace_exits{0}, trace_recorded{0}, trace_verify_failures{0};
+};
+
+// A recorded op sequence: the key of each op (everything its program text
+// depends on), the text it produced, and the program its flush compiled. A
+// later graph whose ops have the same keys produces the same text, so it is
+// built dry (no text) and runs the recorded executable.
+struct Trace {
+  std::vector<std::string> keys;
+  std::vector<lower::Reads> reads;
+  std::vector<size_t> marks;  // body offset where op i starts; marks[n] = body size
+  std::string body;
+  std::vector<int> outs;                     // entries returned, in order
+  std::vector<std::pair<int, int>> aliases;  // (param, result) donations
+  rt::ExecutablePtr exe;
+  std::shared_ptr<const std::string> text;
+};
+
+// Builds an op's trace key from its views: each names its storage by the graph
+// entry it already has, by its position among this op's other new storages,
+// or by what a new entry would be made of.
+struct KeyBuilder {
+  explicit KeyBuilder(std::string& key) : k(key) {}
+  std::string& k;
+  std::vector<const Storage*> fresh;
+  void add(const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
+  void i64(int64_t x) { add(&x, sizeof x); }
 };
 
 // One deferred program on one device.
@@ -73,10 +103,16 @@ class Graph {
   void rollback(const Mark& m);
   // Records an op of this graph: its name, the Python line that issued it (or
   // ""), and where its text starts (a Builder::mark taken before it was lowered).
-  void note_op(const std::string& name, const std::string& site = "", size_t body_start = SIZE_MAX) {
+  // `key` and `reads`: the op's trace key (see Engine::begin_op) and the numbers its rule read.
+  void note_op(const std::string& name, const std::string& site = "", size_t body_start = SIZE_MAX,
+               std::string key = "", lower::Reads reads = {}) {
     ops.push_back(name);
     sites.push_back({site, body_start == SIZE_MAX ? b.mark().body : body_start});
+    keys.push_back(std::move(key));
+    this->reads.push_back(std::move(reads));
   }
+  // Appends view v (storage identity, layout, type) to an op's key.
+  void key_view(KeyBuilder& kb, const View& v) const;
   // The op whose text holds line `line` of the module text, or -1.
   int op_at_line(int line) const;
 
@@ -88,6 +124,10 @@ class Graph {
     size_t body_start;
   };
   std::vector<Site> sites;
+  std::vector<std::string> keys;
+  std::vector<lower::Reads> reads;
+  bool traceable = true;               // every op so far has a key
+  std::shared_ptr<const Trace> trace;  // the recorded trace every op so far matched
 
  private:
   friend class Engine;
@@ -119,6 +159,26 @@ class Engine {
   void op_done(int device);
   void flush(int device);
   void flush_all();
+
+  // Called before op number g.ops.size() touches g. `key` names everything the
+  // op's text depends on apart from the numbers its rule reads, which
+  // `current(arg)` supplies (arg -1: the precision mode); nullptr = an op
+  // without a key (the graph is then not recorded). The graph follows a
+  // recorded trace while its ops match one (built dry), and gets the trace's
+  // text when it stops matching.
+  using CurrentFn = std::function<double(int)>;
+  void begin_op(Graph& g, const std::string* key, const CurrentFn& current = {});
+  bool tracing() const { return trace_on_; }
+  void set_tracing(bool on) { trace_on_ = on; }
+  // Verify mode: graphs matching a trace are built with text anyway, and the
+  // text is compared with the trace's at the flush (trace_verify_failures).
+  void set_trace_verify(bool on) { trace_verify_ = on; }
+  bool trace_verify() const { return trace_verify_; }
+  size_t trace_count() const { return trace_count_; }
+  void clear_traces() {
+    traces_.clear();
+    trace_count_ = 0;
+  }
   void synchronize();  // flush everything and wait for all runs
 
   // Host transfers of a view's elements, as a dense row-major block.
@@ -142,7 +202,7 @@ class Engine {
   void set_cache_dir(const std::string& dir) { cache_dir_ = dir; }
   const std::string& cache_dir() const { return cache_dir_; }
   // The StableHLO text of the last flushed program (debugging aid).
-  const std::string& last_program() const { return last_program_; }
+  const std::string& last_program() const { return *last_program_; }
 
  private:
   Engine() = default;
@@ -155,8 +215,14 @@ class Engine {
   Mode mode_ = Mode::Strict;
   size_t fuse_limit_ = 4096;
   lower::Precision precision_ = lower::Precision::DEFAULT;
-  std::string last_program_;
+  std::shared_ptr<const std::string> last_program_ = std::make_shared<const std::string>();
   std::string cache_dir_;
+  void leave_trace(Graph& g);
+  void record_trace(Graph& g, const std::vector<int>& outs, const std::vector<std::pair<int, int>>& aliases,
+                    rt::ExecutablePtr exe, std::shared_ptr<const std::string> text);
+  std::unordered_map<std::string, std::vector<std::shared_ptr<const Trace>>> traces_;  // by first key
+  size_t trace_count_ = 0;
+  bool trace_on_ = true, trace_verify_ = false;
   rt::ExecutablePtr disk_load(const std::string& text);
   void disk_store(const std::string& text, const rt::Executable& exe);
 };

@@ -164,6 +164,12 @@ std::vector<Value> Builder::emit_multi(const std::string& op, const std::vector<
                                        const std::vector<Type>& results, const std::string& attrs,
                                        const std::string& region) {
   std::vector<Value> out;
+  if (dry_) {  // the same ids as the text path below
+    if (results.size() == 1) return {fresh(results[0])};
+    next_ += static_cast<int>(results.size());
+    for (auto& t : results) out.push_back(fresh(t));
+    return out;
+  }
   std::ostringstream os;
   os << "    ";
   int first = next_;
@@ -212,6 +218,7 @@ Value Builder::emit(const std::string& op, const std::vector<Value>& operands, c
 
 // ---------------------------------------------------------------- constants
 Value Builder::constant(double v, DType t, const Shape& shape) {
+  if (dry_) return fresh(Type{t, shape});
   std::string lit;
   if (is_float(t)) lit = float_literal(v, t);
   else if (t == DType::Pred) lit = v != 0 ? "true" : "false";
@@ -223,6 +230,7 @@ Value Builder::constant(double v, DType t, const Shape& shape) {
 
 Value Builder::constant_int(int64_t v, DType t, const Shape& shape) {
   if (is_float(t) || t == DType::C64) return constant(static_cast<double>(v), t, shape);
+  if (dry_) return fresh(Type{t, shape});
   Type ty{t, shape};
   std::string lit = t == DType::Pred ? (v ? "true" : "false") : std::to_string(v);
   return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
@@ -256,12 +264,14 @@ Value Builder::highest(DType t) {
 Value Builder::constant_array(const std::vector<int64_t>& v, DType t) {
   Type ty{t, {static_cast<int64_t>(v.size())}};
   if (v.empty()) return zeros(t, ty.shape);
+  if (dry_) return fresh(ty);
   return emit("constant", {}, ty, "value = dense<[" + join(v) + "]> : " + ty.str());
 }
 
 Value Builder::constant_array(const std::vector<double>& v, DType t) {
   Type ty{t, {static_cast<int64_t>(v.size())}};
   if (v.empty()) return zeros(t, ty.shape);
+  if (dry_) return fresh(ty);
   std::string lits;
   for (size_t i = 0; i < v.size(); ++i) lits += (i ? ", " : "") + float_literal(v[i], t);
   return emit("constant", {}, ty, "value = dense<[" + lits + "]> : " + ty.str());

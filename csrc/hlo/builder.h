@@ -77,6 +77,16 @@ class Builder {
     param_ids_.resize(m.params);
   }
 
+  // ---- dry mode: values, types and parameters as usual, but no text. A graph
+  // that replays a recorded trace is built dry; `materialize` supplies the text
+  // the same ops produced when they were recorded, and ends dry mode.
+  void set_dry(bool d) { dry_ = d; }
+  bool dry() const { return dry_; }
+  void materialize(std::string body) {
+    body_ = std::move(body);
+    dry_ = false;
+  }
+
   // ---- function signature
   Value param(const Type& t);
   int num_params() const { return static_cast<int>(params_.size()); }
@@ -162,6 +172,8 @@ class Builder {
  private:
   std::string name(Value v) const { return "%" + std::to_string(v.id); }
   std::string region(const std::string& body, DType t, int n) ;
+  Value fresh(const Type& t) { return Value{next_++, t}; }
+  bool dry_ = false;
   int next_ = 0;
   std::vector<Type> params_;
   std::vector<int> param_ids_;

@@ -64,7 +64,10 @@ const std::vector<Value>& Ctx::list(size_t i) const {
 int64_t Ctx::int_(size_t i) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Int) return a.i;
-  if (a.kind == Arg::Scalar) return static_cast<int64_t>(a.d);
+  if (a.kind == Arg::Scalar) {
+    reads_.push_back({static_cast<int>(i), a.d, -1});
+    return static_cast<int64_t>(a.d);
+  }
   if (a.kind == Arg::Bool) return a.b;
   bad_arg(i, "an int");
 }
@@ -86,15 +89,27 @@ const std::string& Ctx::str(size_t i) const {
 }
 double Ctx::num(size_t i) const {
   const Arg& a = arg(i);
-  if (a.kind == Arg::Scalar) return a.d;
+  if (a.kind == Arg::Scalar) {
+    reads_.push_back({static_cast<int>(i), a.d, -1});
+    return a.d;
+  }
   if (a.kind == Arg::Int) return static_cast<double>(a.i);
   if (a.kind == Arg::Bool) return a.b;
   bad_arg(i, "a number");
 }
+bool Ctx::num_is(size_t i, double v) const {
+  const Arg& a = arg(i);
+  if (a.kind != Arg::Scalar) return num(i) == v;
+  bool r = a.d == v;
+  reads_.push_back({static_cast<int>(i), v, r ? 1 : 0});
+  return r;
+}
 Value Ctx::scalar(size_t i, DType t) {
   const Arg& a = arg(i);
   if (a.kind == Arg::Tensor && a.tensor.rank() == 0) return b.convert(a.tensor, t);
-  return env.scalar_param(num(i), a.kind == Arg::Int || a.scalar_is_int, t);
+  // a runtime parameter: the value is not part of the text (no read recorded)
+  double v = a.kind == Arg::Scalar ? a.d : num(i);
+  return env.scalar_param(v, a.kind == Arg::Int || a.scalar_is_int, t);
 }
 Value Ctx::scalar_or(size_t i, double dflt, DType t) {
   return has(i) ? scalar(i, t) : env.scalar_param(dflt, false, t);

@@ -203,7 +203,7 @@ void register_elementwise() {
     return [subtract](Ctx& c) -> V {
       DType t = c.odt();
       Value a = c.in_out(0, t), b = c.in_out(1, t);
-      if (c.has(2) && c.num(2) != 1.0) b = c.b.mul(b, c.in_out(2, t));
+      if (c.has(2) && !c.num_is(2, 1.0)) b = c.b.mul(b, c.in_out(2, t));
       return {subtract ? c.b.sub(a, b) : c.b.add(a, b)};
     };
   };
@@ -214,7 +214,7 @@ void register_elementwise() {
     add_rule(n, [](Ctx& c) -> V {
       DType t = c.odt();
       Value a = c.in_out(0, t), b = c.in_out(1, t);
-      if (c.has(2) && c.num(2) != 1.0) a = c.b.mul(a, c.in_out(2, t));
+      if (c.has(2) && !c.num_is(2, 1.0)) a = c.b.mul(a, c.in_out(2, t));
       return {c.b.sub(b, a)};
     });
   for (auto n : {"aten::mul.Tensor", "aten::mul.Scalar"}) add_rule(n, binary("multiply"));
@@ -248,7 +248,7 @@ void register_elementwise() {
       DType t = c.odt();
       Value s = c.in_out(0, t), a = c.in_out(1, t), b = c.in_out(2, t);
       Value p = is_div ? c.b.div(a, b) : c.b.mul(a, b);
-      if (!c.has(3) || c.num(3) != 1.0) p = c.b.mul(c.in_out(3, t), p);
+      if (!c.has(3) || !c.num_is(3, 1.0)) p = c.b.mul(c.in_out(3, t), p);
       return {c.b.add(s, p)};
     });
 

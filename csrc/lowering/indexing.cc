@@ -255,7 +255,7 @@ void register_indexing() {
     int64_t dim = wrap_dim(c.int_(1), x.rank());
     Value idx = wrap_index(b, c.in(2), x.shape()[dim]);
     Value src = b.convert(c.in(3), x.dtype());
-    if (c.has(4) && c.num(4) != 1.0) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
+    if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
     std::vector<int64_t> perm{dim};
     for (int64_t d = 0; d < x.rank(); ++d)
       if (d != dim) perm.push_back(d);

@@ -13,11 +13,10 @@ const hlo::DotDims kBMM{{0}, {0}, {2}, {1}};       // [b,m,k] x [b,k,n]
 Value scale_add(Ctx& c, Value prod, size_t self_arg, size_t beta_arg, size_t alpha_arg) {
   Builder& b = c.b;
   DType t = c.odt();
-  if (c.num_or(alpha_arg, 1.0) != 1.0) prod = b.mul(prod, c.in_out(alpha_arg, t));
-  double beta = c.num_or(beta_arg, 1.0);
-  if (beta == 0.0) return prod;
+  if (c.has(alpha_arg) && !c.num_is(alpha_arg, 1.0)) prod = b.mul(prod, c.in_out(alpha_arg, t));
+  if (c.has(beta_arg) && c.num_is(beta_arg, 0.0)) return prod;
   Value self = c.in_out(self_arg, t);
-  if (beta != 1.0) self = b.mul(self, c.in_out(beta_arg, t));
+  if (c.has(beta_arg) && !c.num_is(beta_arg, 1.0)) self = b.mul(self, c.in_out(beta_arg, t));
   return b.add(self, prod);
 }
 }  // namespace

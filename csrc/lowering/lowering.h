@@ -11,6 +11,7 @@
 // the engine converts element types and reshapes equal-sized results.
 #pragma once
 
+#include <cstring>
 #include <functional>
 #include <map>
 #include <stdexcept>
@@ -44,6 +45,19 @@ struct Arg {
   // is its runtime scalar parameter; wrapped numbers do not promote dtypes.
   bool wrapped_number = false;
 };
+
+// A Python number a rule read structurally (it shaped the program text):
+// argument `arg` (-1: the matmul precision mode) had `value` (test < 0), or
+// compared equal to `value` (test = 1) or not (test = 0).
+struct Read {
+  int arg = 0;
+  double value = 0;
+  int test = -1;
+  bool operator==(const Read& o) const {
+    return arg == o.arg && test == o.test && std::memcmp(&value, &o.value, sizeof value) == 0;
+  }
+};
+using Reads = std::vector<Read>;
 
 // What a rule may ask of the engine that runs it.
 class Env {
@@ -94,6 +108,8 @@ class Ctx {
   const std::string& str(size_t i) const;
   double num(size_t i) const;                          // structural read of a scalar
   double num_or(size_t i, double dflt) const { return has(i) ? num(i) : dflt; }
+  // num(i) == v, where only the outcome shapes the text (e.g. skipping `* alpha` for 1).
+  bool num_is(size_t i, double v) const;
   // A scalar argument bound as a runtime parameter of type t (no recompiles
   // when it changes).
   Value scalar(size_t i, DType t);
@@ -108,6 +124,8 @@ class Ctx {
   // an argument without returning it, e.g. batch norm's running statistics).
   void write(size_t i, Value v) { writes_.emplace_back(i, v); }
   const std::vector<std::pair<size_t, Value>>& writes() const { return writes_; }
+  // The Python numbers this rule read with num / int_ (they shape its text).
+  const Reads& reads() const { return reads_; }
 
   // Tensor argument i converted to dtype t and broadcast to shape s.
   Value in_as(size_t i, DType t, const Shape& s);
@@ -118,6 +136,7 @@ class Ctx {
   std::vector<Arg> args_;
   std::vector<Type> outs_;
   std::vector<std::pair<size_t, Value>> writes_;
+  mutable Reads reads_;
 };
 
 using Rule = std::function<std::vector<Value>(Ctx&)>;

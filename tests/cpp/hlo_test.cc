@@ -52,3 +52,29 @@ TEST(Builder, MismatchedOperandsAreBuildErrors) {
   EXPECT_THROW(b.add(x, y), BuildError);
   EXPECT_THROW(b.reshape(x, {3}), BuildError);
 }
+
+// Dry mode hands out the same values (ids and types) as building the text, so
+// a replayed graph can take a recorded body and continue with text from there.
+TEST(Builder, DryModeNumbersValuesLikeTextMode) {
+  auto build = [](Builder& b) {
+    Value x = b.param(Type{DType::F32, {4, 3}});
+    Value m = b.reduce(x, b.constant(0.0, DType::F32), {1}, "add");
+    auto [v, i] = b.reduce_arg(x, 1, true);
+    Value s = b.sort_dim(x, 0, false, nullptr);
+    Value c = b.constant_array(std::vector<int64_t>{1, 2, 3}, DType::S64);
+    return std::vector<Value>{m, v, i, s, c};
+  };
+  Builder text, dry;
+  dry.set_dry(true);
+  auto a = build(text), d = build(dry);
+  ASSERT_EQ(a.size(), d.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_EQ(a[k].id, d[k].id);
+    EXPECT_EQ(a[k].type, d[k].type);
+  }
+  EXPECT_TRUE(dry.body_text().empty());
+  dry.materialize(text.body_text());
+  Value t1 = text.add(a[0], a[1]), t2 = dry.add(d[0], d[1]);
+  EXPECT_EQ(t1.id, t2.id);
+  EXPECT_EQ(text.module({t1}), dry.module({t2}));
+}

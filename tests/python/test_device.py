@@ -133,7 +133,9 @@ def test_metrics_count_compiles_and_cache_hits():
     y.cpu()
     m = torch_tpu.metrics.report()
     assert m["executions"] >= 6
-    assert m["cache_hits"] >= 4  # the 2nd and 3rd iterations reuse both programs
+    # the 2nd and 3rd iterations reuse both programs: from the trace cache (no
+    # program text built) or, when it is off, from the text-keyed cache
+    assert m["trace_hits"] + m["cache_hits"] >= 4
     assert m["d2h_transfers"] >= 1 and m["d2h_bytes"] >= 37 * 5 * 4
 
 

@@ -76,23 +76,36 @@ def test_size_limit_flushes(fuse):
     assert x.cpu().shape == (8,)
 
 
-def test_training_loop_compiles_once_then_only_executes():
-    torch.manual_seed(0)
-    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
-    x = torch.randn(8, 16, device="tpu")
-    y = torch.randint(0, 4, (8,), device="tpu")
-    with torch_tpu.eager_mode(E.DEFER_AND_FUSE):
-        for step in range(6):
-            if step == 3:
-                torch_tpu.metrics.reset()
-            loss = torch.nn.functional.cross_entropy(m(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss.item()
-        r = torch_tpu.metrics.report()
-    assert r["compiles"] == 0 and r["executions"] == 3 and r["cache_hits"] == 3
+@pytest.mark.parametrize("tracing", [True, False], ids=["trace-cache", "text-cache"])
+def test_training_loop_compiles_once_then_only_executes(tracing):
+    torch_tpu._C._set_tracing(tracing, False)
+    try:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).to("tpu")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.9)  # the step size changes every step
+        x = torch.randn(8, 16, device="tpu")
+        y = torch.randint(0, 4, (8,), device="tpu")
+        with torch_tpu.eager_mode(E.DEFER_AND_FUSE):
+            for step in range(6):
+                if step == 3:
+                    torch_tpu.metrics.reset()
+                loss = torch.nn.functional.cross_entropy(m(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+                loss.item()
+            r = torch_tpu.metrics.report()
+    finally:
+        torch_tpu._C._set_tracing(True, False)
+    assert r["compiles"] == 0 and r["executions"] == 3
+    if tracing:
+        # each step is recognised op by op as the recorded sequence: no program
+        # text is built or looked up
+        assert r["trace_hits"] == 3 and r["cache_hits"] == 0 and r["program_bytes"] == 0
+    else:
+        assert r["cache_hits"] == 3 and r["trace_hits"] == 0
 
 
 def test_dead_intermediates_are_not_outputs(fuse):
