@@ -95,13 +95,18 @@ def main():
     s, f = chain(E.DEFER_NEVER), chain(E.DEFER_AND_FUSE)
     print(f"(1) 20-op elementwise chain, 1M f32: Strict {s * 1e3:.1f} ms, DeferAndFuse {f * 1e3:.1f} ms, "
           f"speed-up {s / f:.1f}x")
-    torch.tpu.reset_peak_memory_stats()
-    st, _ = gpt_steps("tpu", 40, E.DEFER_NEVER)
-    peak_s = torch.tpu.memory_stats()["buffer_bytes.all.peak"]
-    torch.tpu.reset_peak_memory_stats()
-    ft, _ = gpt_steps("tpu", 40, E.DEFER_AND_FUSE)
-    peak_f = torch.tpu.memory_stats()["buffer_bytes.all.peak"]
-    print(f"(2) train_gpt step: Strict {st * 1e3:.1f} ms, DeferAndFuse {ft * 1e3:.1f} ms, speed-up {st / ft:.2f}x")
+    # alternating rounds (the machine is shared and noisy); best round of each mode
+    st, ft = [], []
+    for _ in range(3):
+        torch.tpu.reset_peak_memory_stats()
+        st.append(gpt_steps("tpu", 20, E.DEFER_NEVER)[0])
+        peak_s = torch.tpu.memory_stats()["buffer_bytes.all.peak"]
+        torch.tpu.reset_peak_memory_stats()
+        ft.append(gpt_steps("tpu", 20, E.DEFER_AND_FUSE)[0])
+        peak_f = torch.tpu.memory_stats()["buffer_bytes.all.peak"]
+    st, ft = min(st), min(ft)
+    print(f"(2) train_gpt step (best of 3 alternating rounds): Strict {st * 1e3:.1f} ms, DeferAndFuse {ft * 1e3:.1f} ms, "
+          f"speed-up {st / ft:.2f}x")
     with tempfile.TemporaryDirectory() as d:
         cold, cold_compiles, _ = first_steps(d)
         warm, warm_compiles, _ = first_steps(d)
