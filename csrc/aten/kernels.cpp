@@ -51,6 +51,7 @@ struct OpInfo {
   std::vector<int> rule_args;       // schema argument indices the rule sees
   std::vector<int> ret_alias;       // per return: aliased (written) argument, or -1
   bool factory = false;             // no tensor inputs among rule_args
+  bool mask_indices = false;        // x[indices] ops: boolean masks become coordinates first
 };
 
 std::mutex g_info_mu;
@@ -88,6 +89,8 @@ const OpInfo& info_for(const c10::OperatorHandle& op) {
       any_tensor = true;
   }
   info.factory = !any_tensor;
+  info.mask_indices = s.name() == "aten::index" || s.name() == "aten::index_put" || s.name() == "aten::index_put_" ||
+                      s.name() == "aten::_index_put_impl" || s.name() == "aten::_index_put_impl_";
   for (const auto& ret : s.returns()) {
     int alias = -1;
     if (ret.alias_info() && ret.alias_info()->isWrite()) {
@@ -455,6 +458,15 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
   }
 
+  // x[mask]: masks become coordinates first (a data-dependent count), as in PyTorch
+  if (info.mask_indices && args[1].isList()) {
+    auto l = args[1].to<c10::List<std::optional<at::Tensor>>>();
+    if (expand_mask_indices(args[0].toTensor(), l)) {
+      args[1] = l;
+      *(args_begin + 1) = args[1];
+    }
+  }
+
   MetaResult meta;
   std::string key;
   try {
@@ -593,7 +605,11 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       out_types.push_back(m.defined ? hlo::Type{to_hlo(m.dtype), m.sizes} : hlo::Type{hlo::DType::F32, {}});
     OpEnv env(g, device);
     lower::Ctx ctx(g.b, env, std::move(largs), out_types);
-    std::vector<hlo::Value> res = guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
+    // every output empty: nothing to compute (rules need not handle 0-element operands)
+    bool all_empty = !meta.rets.empty();
+    for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
+    std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
+                                            : guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
     reads = ctx.reads();
     if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
     TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),

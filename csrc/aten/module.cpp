@@ -377,6 +377,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_metrics", &reset_metrics);
   m.def("lowered_ops", [] { return aten::lowered_op_names(); });
   m.def("lowering_rules", [] { return lower::rule_names(); });
+  m.def("composed_ops", [] { return aten::composed_op_names(); });
   m.def("last_program", [] { return engine::Engine::get().last_program(); });
   m.def("clear_compile_cache", [] {
     py::gil_scoped_release nogil;

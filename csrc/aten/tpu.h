@@ -2,6 +2,7 @@
 // includes torch headers).
 #pragma once
 
+#include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/GeneratorImpl.h>
@@ -40,6 +41,13 @@ std::vector<std::string> lowered_op_names();
 int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)
 std::map<std::string, int64_t> fallback_counts();
 void reset_fallback_counts();
+
+// Replaces boolean/uint8 masks in x[indices] by the int64 coordinates of their
+// true elements (computed on the device; their count is read back). False when
+// there is no mask.
+// The ops composed of lowered ops in dynamic.cpp (data-dependent shapes, host-read results).
+std::vector<std::string> composed_op_names();
+bool expand_mask_indices(const at::Tensor& self, c10::List<std::optional<at::Tensor>>& indices);
 
 // Live bytes of tpu storages (what memory_allocated reports) and the peak.
 int64_t allocated_bytes();

@@ -186,8 +186,47 @@ V scatter_reduce(Ctx& c) {
 
 }  // namespace
 
+// The rank of each element of a flat mask among the true ones (0-based; an
+// inclusive running count minus one), as int64.
+Value true_rank(Builder& b, Value flat_mask) {
+  int64_t n = flat_mask.shape()[0];
+  Value ones = b.convert(flat_mask, DType::S64);
+  Value run = b.reduce_window(ones, b.constant_int(0, DType::S64), {n}, {1}, {{n - 1, 0}}, "add");
+  return b.sub(run, b.constant_int(1, DType::S64, {n}));
+}
+
 void register_indexing() {
   add_rule("aten::scatter_reduce.two", scatter_reduce);
+  // masked_scatter(x, m, src) = where(m, src.flat[rank of the element among m's true ones], x)
+  // (a source with fewer elements than m has true ones reads its last element; CPU raises)
+  add_rule("aten::masked_scatter", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    const Shape& s = c.oshape();
+    int64_t n = hlo::numel(s);
+    Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), s), {n});
+    Value src = c.in(2);
+    int64_t ns = hlo::numel(src.shape());
+    if (n == 0 || ns == 0) return {c.in_out(0, c.odt())};
+    Value pos = b.clamp(b.constant_int(0, DType::S64, {n}), true_rank(b, m), b.constant_int(ns - 1, DType::S64, {n}));
+    Value taken = b.take(b.reshape(b.convert(src, c.odt()), {ns}), pos, 0);
+    return {b.reshape(b.select(m, taken, b.reshape(c.in_out(0, c.odt()), {n})), s)};
+  });
+  // masked_scatter_backward(g, m, sizes) = g's elements where m, in order, zero-padded to `sizes`
+  add_rule("aten::masked_scatter_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value g = c.in(0);
+    int64_t n = hlo::numel(g.shape()), ns = hlo::numel(c.oshape());
+    if (n == 0 || ns == 0) return {b.zeros(c.odt(), c.oshape())};
+    Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), g.shape()), {n});
+    Value rank = true_rank(b, m);
+    // false elements, and true ones past the end, go to a spare slot ns
+    Value keep = b.select(m, b.compare(rank, b.constant_int(ns, DType::S64, {n}), hlo::Cmp::LT),
+                          b.constant_int(0, DType::Pred, {n}));
+    Value slot = b.select(keep, rank, b.constant_int(ns, DType::S64, {n}));
+    Value out = b.scatter(b.zeros(c.odt(), {ns + 1}), b.reshape(slot, {n, 1}),
+                          b.reshape(b.convert(g, c.odt()), {n}), {0}, "add");
+    return {b.reshape(b.slice(out, {0}, {ns}, {1}), c.oshape())};
+  });
   add_rule("aten::index_select", [](Ctx& c) -> V {
     Value x = c.in(0);
     if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};

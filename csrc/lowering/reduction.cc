@@ -167,6 +167,7 @@ void register_reduction() {
       if (x.rank() == 0) return {x};
       int64_t dim = wrap_dim(c.int_(1), x.rank());
       int64_t n = x.shape()[dim];
+      if (hlo::numel(x.shape()) == 0) return {x};
       Shape window(x.rank(), 1), strides(x.rank(), 1);
       window[dim] = n;
       std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
