@@ -10,6 +10,8 @@
 #include <frameobject.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -880,6 +882,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", TORCH_FN(tpu_as_strided));
   m.impl("view", TORCH_FN(tpu_view));
   m.impl("_reshape_alias", TORCH_FN(tpu_reshape_alias));
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));  // views: the storage read as the other type
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("unfold", TORCH_FN(tpu_unfold));
   m.impl("resize_", TORCH_FN(tpu_resize_));
   m.impl("set_.source_Storage", TORCH_FN(tpu_set_storage));

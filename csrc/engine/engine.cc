@@ -114,6 +114,22 @@ bool row_major(const Shape& sizes, const Shape& strides) {
 Value reinterpret(Builder& b, Value v, DType as) {
   DType from = v.dtype();
   if (from == as) return v;
+  // complex64 <-> pairs of float32 (real, imaginary), then any other type from float32
+  if (from == DType::C64) {
+    int64_t n = v.shape()[0];
+    Value re = b.reshape(b.emit("real", {v}, Type{DType::F32, {n}}), {n, 1});
+    Value im = b.reshape(b.emit("imag", {v}, Type{DType::F32, {n}}), {n, 1});
+    return reinterpret(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), as);
+  }
+  if (as == DType::C64) {
+    Value f = reinterpret(b, v, DType::F32);
+    int64_t n = f.shape()[0];
+    if (n % 2 != 0) throw rt::Error("tpu storage size is not a multiple of the element size");
+    Value pairs = b.reshape(f, {n / 2, 2});
+    Value re = b.reshape(b.slice(pairs, {0, 0}, {n / 2, 1}, {1, 1}), {n / 2});
+    Value im = b.reshape(b.slice(pairs, {0, 1}, {n / 2, 2}, {1, 1}), {n / 2});
+    return b.emit("complex", {re, im}, Type{DType::C64, {n / 2}});
+  }
   if (from == DType::Pred || as == DType::Pred) {
     if (from == DType::Pred) v = b.convert(v, DType::U8);
     from = DType::U8;
