@@ -911,12 +911,28 @@ void inject_invalid_op(const at::Tensor& t) {
   guarded("test op", [&] { Engine::get().op_done(t.device().index()); return 0; });
 }
 
+// A Meta kernel for an op whose (single) output has its first input's sizes and dtype.
+void meta_like_input(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t nargs = op.schema().arguments().size();
+  at::Tensor self = (*stack)[stack->size() - nargs].toTensor();
+  at::Tensor out = at::empty(self.sizes(), self.options().device(c10::kMeta));
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(out);
+}
+
 int register_lowered_ops() {
   static int count = -1;
   if (count >= 0) return count;
   lower::register_all();
   static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   auto& disp = c10::Dispatcher::singleton();
+  // Meta kernels PyTorch lacks for ops we lower (output like the input), where still missing
+  static torch::Library meta(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__);
+  for (const char* name : {"_logcumsumexp"}) {
+    auto h = disp.findSchema({std::string("aten::") + name, ""});
+    if (h && !h->hasKernelForDispatchKey(c10::DispatchKey::Meta))
+      meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&meta_like_input>());
+  }
   std::set<std::string> rules;
   for (auto& n : lower::rule_names()) rules.insert(n);
   // functional name + argument names, to find in-place and out= variants

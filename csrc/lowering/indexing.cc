@@ -141,20 +141,13 @@ void index_layout(const Value& x, const Advanced& a, Shape* out, std::vector<int
   if (!a.adjacent) out->insert(out->begin(), a.bshape.begin(), a.bshape.end());
 }
 
-// scatter_reduce(self, dim, index, src, reduce, include_self): sum | prod | mean | amax | amin
-V scatter_reduce(Ctx& c) {
+// x with src[i...] reduced into x[i with dim -> idx[i...]...] (torch.scatter_reduce
+// semantics; idx has src's shape): sum | prod | mean | amax | amin
+V reduce_into(Ctx& c, Value x, int64_t dim, Value idx, Value src, const std::string& red, bool include_self) {
   Builder& b = c.b;
-  DType t = c.odt();
-  Value x = b.convert(c.in(0), t);
-  if (x.rank() == 0) throw Unsupported("scatter_reduce on a 0-dim tensor");
-  int64_t dim = wrap_dim(c.int_(1), x.rank());
-  Value idx = c.in(2);
-  if (hlo::numel(idx.shape()) == 0) return {x};
+  DType t = x.dtype();
   idx = wrap_index(b, idx, x.shape()[dim]);
   int64_t n = hlo::numel(idx.shape());
-  Value src = b.slice(b.convert(c.in(3), t), Shape(idx.rank(), 0), idx.shape(), Shape(idx.rank(), 1));
-  std::string red = c.str(4);
-  bool include_self = c.flag_or(5, true);
   std::vector<int64_t> all;
   for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
   Value coords = coords_along(b, idx, dim, x.rank());
@@ -182,6 +175,35 @@ V scatter_reduce(Ctx& c) {
   if (red == "amin")
     return {b.scatter(base(b.broadcast_to(b.highest(t), x.shape())), coords, upd, all, "minimum")};
   throw Unsupported("scatter_reduce reduce=" + red);
+}
+
+// scatter_reduce(self, dim, index, src, reduce, include_self)
+V scatter_reduce(Ctx& c) {
+  Builder& b = c.b;
+  Value x = b.convert(c.in(0), c.odt());
+  if (x.rank() == 0) throw Unsupported("scatter_reduce on a 0-dim tensor");
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  Value idx = c.in(2);
+  if (hlo::numel(idx.shape()) == 0) return {x};
+  Value src = b.slice(b.convert(c.in(3), x.dtype()), Shape(idx.rank(), 0), idx.shape(), Shape(idx.rank(), 1));
+  return reduce_into(c, x, dim, idx, src, c.str(4), c.flag_or(5, true));
+}
+
+// index_fill / index_copy: x with the slices at idx along dim replaced by src
+// (src already shaped like those slices: x.shape with dim -> len(idx))
+Value put_slices(Builder& b, Value x, int64_t dim, Value idx, Value src) {
+  idx = wrap_index(b, b.reshape(idx, {hlo::numel(idx.shape())}), x.shape()[dim]);
+  Value full = b.broadcast_in_dim(idx, src.shape(), {dim});
+  std::vector<int64_t> all;
+  for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
+  int64_t n = hlo::numel(src.shape());
+  return b.scatter(x, coords_along(b, full, dim, x.rank()), b.reshape(src, {n}), all, "");
+}
+
+Shape slices_shape(Value x, int64_t dim, Value idx) {
+  Shape s = x.shape();
+  s[dim] = hlo::numel(idx.shape());
+  return s;
 }
 
 }  // namespace
@@ -290,17 +312,114 @@ void register_indexing() {
   add_rule("aten::index_add", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
-    if (x.rank() == 0) throw Unsupported("index_add on a 0-dim tensor");
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    Value idx = wrap_index(b, c.in(2), x.shape()[dim]);
     Value src = b.convert(c.in(3), x.dtype());
+    bool scalar0 = x.rank() == 0;
+    if (scalar0) {
+      x = b.reshape(x, {1});
+      src = b.reshape(src, {1});
+    }
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), x.shape()[dim]);
     if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
     std::vector<int64_t> perm{dim};
     for (int64_t d = 0; d < x.rank(); ++d)
       if (d != dim) perm.push_back(d);
     src = b.transpose(src, perm);
     int64_t n = hlo::numel(idx.shape());
-    return {b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, "add")};
+    Value out = b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, "add");
+    return {scalar0 ? b.reshape(out, {}) : out};
+  });
+  // index_reduce(x, dim, idx, src, reduce, include_self) = scatter_reduce with idx spread over src's slices
+  add_rule("aten::index_reduce", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = b.convert(c.in(0), c.odt());
+    Value idx = c.in(2);
+    if (hlo::numel(idx.shape()) == 0) return {x};
+    Value src = b.convert(c.in(3), x.dtype());
+    bool scalar0 = x.rank() == 0;
+    if (scalar0) {
+      x = b.reshape(x, {1});
+      src = b.reshape(src, {1});
+    }
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value full = b.broadcast_in_dim(b.reshape(idx, {hlo::numel(idx.shape())}), src.shape(), {dim});
+    Value out = reduce_into(c, x, dim, full, src, c.str(4), c.flag_or(5, true))[0];
+    return {scalar0 ? b.reshape(out, {}) : out};
+  });
+  // index_fill(x, dim, idx, v) = x with x[.., idx[i], ..] = v
+  for (auto n : {"aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor"})
+    add_rule(n, [](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = b.convert(c.in(0), c.odt());
+      if (hlo::numel(c.in(2).shape()) == 0) return {x};
+      bool scalar0 = x.rank() == 0;
+      if (scalar0) x = b.reshape(x, {1});
+      int64_t dim = wrap_dim(c.int_(1), x.rank());
+      Value v = b.broadcast_to(c.scalar(3, x.dtype()), slices_shape(x, dim, c.in(2)));
+      Value out = put_slices(b, x, dim, c.in(2), v);
+      return {scalar0 ? b.reshape(out, {}) : out};
+    });
+  // index_copy(x, dim, idx, src) = x with x[.., idx[i], ..] = src[.., i, ..]
+  add_rule("aten::index_copy", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = b.convert(c.in(0), c.odt());
+    if (hlo::numel(c.in(2).shape()) == 0) return {x};
+    bool scalar0 = x.rank() == 0;
+    if (scalar0) x = b.reshape(x, {1});
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value src = b.reshape(b.convert(c.in(3), x.dtype()), slices_shape(x, dim, c.in(2)));
+    Value out = put_slices(b, x, dim, c.in(2), src);
+    return {scalar0 ? b.reshape(out, {}) : out};
+  });
+  // take(x, idx) = x.flatten()[idx]
+  add_rule("aten::take", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t n = hlo::numel(x.shape());
+    if (n == 0) return {b.zeros(c.odt(), c.oshape())};
+    Value idx = wrap_index(b, c.in(1), n);
+    return {b.reshape(b.take(b.reshape(x, {n}), b.reshape(idx, {hlo::numel(idx.shape())}), 0), c.oshape())};
+  });
+  // put(x, idx, src, accumulate) = x with x.flatten()[idx] = (or +=) src
+  add_rule("aten::put", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = b.convert(c.in(0), c.odt());
+    int64_t n = hlo::numel(x.shape()), k = hlo::numel(c.in(1).shape());
+    if (n == 0 || k == 0) return {x};
+    Value idx = b.reshape(wrap_index(b, c.in(1), n), {k, 1});
+    Value src = b.reshape(b.convert(c.in(2), x.dtype()), {k});
+    Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? "add" : "");
+    return {b.reshape(out, x.shape())};
+  });
+  // searchsorted(seq, v, out_int32, right, side, sorter) = #{seq < v} (left) or #{seq <= v} (right), per row
+  auto search = [](Ctx& c, Value seq, Value v, bool right) -> Value {
+    Builder& b = c.b;
+    DType t = promote(seq.dtype(), v.dtype());
+    seq = b.convert(seq, t);
+    v = b.convert(v, t);
+    int64_t m = seq.shape().back();
+    // [..., K, M]: v along K against seq along M
+    Shape s = v.shape();
+    s.push_back(m);
+    std::vector<int64_t> vd, sd;
+    for (int64_t i = 0; i < v.rank(); ++i) vd.push_back(i);
+    Value vb = b.broadcast_in_dim(v, s, vd);
+    for (int64_t i = 0; i + 1 < seq.rank(); ++i) sd.push_back(i);
+    sd.push_back(static_cast<int64_t>(s.size()) - 1);
+    Value sb = seq.rank() == 1 ? b.broadcast_in_dim(seq, s, {static_cast<int64_t>(s.size()) - 1})
+                               : b.broadcast_in_dim(seq, s, sd);
+    Value hit = b.convert(b.compare(sb, vb, right ? hlo::Cmp::LE : hlo::Cmp::LT), DType::S64);
+    Value cnt = b.reduce(hit, b.constant_int(0, DType::S64), {static_cast<int64_t>(s.size()) - 1}, "add");
+    return b.convert(cnt, c.odt());
+  };
+  add_rule("aten::searchsorted.Tensor", [search](Ctx& c) -> V {
+    Value seq = c.in(0);
+    if (c.has(5)) seq = c.b.take_along(seq, c.b.convert(c.in(5), DType::S64), seq.rank() - 1);
+    bool right = c.flag_or(3, false) || (c.has(4) && c.str(4) == "right");
+    return {search(c, seq, c.in(1), right)};
+  });
+  add_rule("aten::bucketize.Tensor", [search](Ctx& c) -> V {
+    return {search(c, c.in(1), c.in(0), c.flag_or(3, false))};
   });
   // embedding_dense_backward(g, idx, num_weights, padding_idx, scale_grad_by_freq)
   add_rule("aten::embedding_dense_backward", [](Ctx& c) -> V {

@@ -221,43 +221,57 @@ Nll nll_targets(Ctx& c, Value x, Value tgt, size_t weight_arg, int64_t ignore_in
   return l;
 }
 
+// Batch norm over (x, w?, b?, running_mean?, running_var?) at argument
+// positions a[0..4] (-1: absent), momentum and eps at mom / eps:
+//   -> (y, save_mean, save_invstd[, reserve]); training also updates the running statistics
+V batch_norm(Ctx& c, const int (&a)[5], bool training, int mom, int eps_arg) {
+  Builder& b = c.b;
+  auto has = [&](int k) { return a[k] >= 0 && c.has(a[k]); };
+  Value x0 = c.in(a[0]);
+  DType t = compute_type(x0.dtype());
+  Value x = b.convert(x0, t);
+  BN d = bn_dims(x);
+  Value eps = c.scalar(eps_arg, t);
+  Value mean, var;
+  if (training) {
+    mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
+    Value xc = b.sub(x, per_channel(b, mean, x.shape()));
+    var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
+    if (has(3) && has(4)) {
+      Value m = b.broadcast_to(c.scalar(mom, t), d.cshape);
+      Value one_m = b.sub(b.constant(1, t, d.cshape), m);
+      Value unbiased = b.mul(var, b.constant(d.n / std::max(d.n - 1, 1.0), t, d.cshape));
+      c.write(a[3], b.add(b.mul(one_m, b.convert(c.in(a[3]), t)), b.mul(m, mean)));
+      c.write(a[4], b.add(b.mul(one_m, b.convert(c.in(a[4]), t)), b.mul(m, unbiased)));
+    }
+  } else {
+    mean = b.convert(c.in(a[3]), t);
+    var = b.convert(c.in(a[4]), t);
+  }
+  Value invstd = b.unary("rsqrt", b.add(var, b.broadcast_to(eps, d.cshape)));
+  Value y = b.mul(b.sub(x, per_channel(b, mean, x.shape())), per_channel(b, invstd, x.shape()));
+  if (has(1)) y = b.mul(y, per_channel(b, b.convert(c.in(a[1]), t), x.shape()));
+  if (has(2)) y = b.add(y, per_channel(b, b.convert(c.in(a[2]), t), x.shape()));
+  V out{b.convert(y, c.odt(0)), training ? mean : b.zeros(t, c.oshape(1)), training ? invstd : b.zeros(t, c.oshape(2))};
+  if (c.nouts() > 3) out.push_back(b.zeros(c.odt(3), c.oshape(3)));  // reserve: unused (empty)
+  return out;
+}
+
 }  // namespace
 
 void register_nn() {
-  // native_batch_norm(x, w?, b?, running_mean?, running_var?, training, momentum, eps)
-  //   -> (y, save_mean, save_invstd); training also updates the running statistics
-  add_rule("aten::native_batch_norm", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x0 = c.in(0);
-    DType t = compute_type(x0.dtype());
-    Value x = b.convert(x0, t);
-    BN d = bn_dims(x);
-    bool training = c.flag(5);
-    Value eps = c.scalar(7, t);
-    Value mean, var;
-    if (training) {
-      mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
-      Value xc = b.sub(x, per_channel(b, mean, x.shape()));
-      var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
-      if (c.has(3) && c.has(4)) {
-        Value m = b.broadcast_to(c.scalar(6, t), d.cshape);
-        Value one_m = b.sub(b.constant(1, t, d.cshape), m);
-        Value unbiased = b.mul(var, b.constant(d.n / std::max(d.n - 1, 1.0), t, d.cshape));
-        c.write(3, b.add(b.mul(one_m, b.convert(c.in(3), t)), b.mul(m, mean)));
-        c.write(4, b.add(b.mul(one_m, b.convert(c.in(4), t)), b.mul(m, unbiased)));
-      }
-    } else {
-      mean = b.convert(c.in(3), t);
-      var = b.convert(c.in(4), t);
-    }
-    Value invstd = b.unary("rsqrt", b.add(var, b.broadcast_to(eps, d.cshape)));
-    Value y = b.mul(b.sub(x, per_channel(b, mean, x.shape())), per_channel(b, invstd, x.shape()));
-    if (c.has(1)) y = b.mul(y, per_channel(b, b.convert(c.in(1), t), x.shape()));
-    if (c.has(2)) y = b.add(y, per_channel(b, b.convert(c.in(2), t), x.shape()));
-    Value sm = training ? mean : b.zeros(t, c.oshape(1));
-    Value si = training ? invstd : b.zeros(t, c.oshape(2));
-    return {b.convert(y, c.odt(0)), sm, si};
-  });
+  // native_batch_norm(x, w?, b?, running_mean?, running_var?, training, momentum, eps) and its
+  // newer spellings (the same computation, other argument lists)
+  for (auto n : {"aten::native_batch_norm", "aten::_native_batch_norm_legit"})
+    add_rule(n, [](Ctx& c) -> V { return batch_norm(c, {0, 1, 2, 3, 4}, c.flag(5), 6, 7); });
+  add_rule("aten::_native_batch_norm_legit.no_stats",
+           [](Ctx& c) -> V { return batch_norm(c, {0, 1, 2, -1, -1}, c.flag(3), 4, 5); });
+  add_rule("aten::_native_batch_norm_legit_no_training",
+           [](Ctx& c) -> V { return batch_norm(c, {0, 1, 2, 3, 4}, false, 5, 6); });
+  add_rule("aten::_batch_norm_with_update",
+           [](Ctx& c) -> V { return batch_norm(c, {0, 1, 2, 3, 4}, true, 5, 6); });
+  add_rule("aten::_batch_norm_no_update",
+           [](Ctx& c) -> V { return batch_norm(c, {0, 1, 2, 3, 4}, false, 5, 6); });
   // native_batch_norm_backward(g, x, w?, rm?, rv?, save_mean?, save_invstd?, train, eps, mask)
   // train: dx = w * invstd / N * (N g - sum(g) - xhat * sum(g xhat)); eval: dx = g w invstd
   add_rule("aten::native_batch_norm_backward", [](Ctx& c) -> V {

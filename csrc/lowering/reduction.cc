@@ -159,6 +159,65 @@ void register_reduction() {
     Value s = b.reduce(b.binary("power", x, b.broadcast_to(pv, x.shape())), b.zeros(x.dtype(), {}), dims, "add");
     return {b.binary("power", s, b.broadcast_to(b.div(b.constant(1, x.dtype()), pv), s.shape()))};
   });
+  // trace(x) = sum of x[i, i]
+  add_rule("aten::trace", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    DType t = compute_type(c.odt());
+    Value diag = b.compare(b.iota(DType::S64, x.shape(), 0), b.iota(DType::S64, x.shape(), 1), hlo::Cmp::EQ);
+    Value v = b.select(diag, b.convert(x, t), b.zeros(t, x.shape()));
+    return {b.convert(b.reduce(v, b.zeros(t, {}), {0, 1}, "add"), c.odt())};
+  });
+  // renorm(x, p, dim, maxnorm): each slice along dim with p-norm > maxnorm scaled by maxnorm / (norm + 1e-7)
+  add_rule("aten::renorm", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t);
+    if (x.rank() == 0) throw Unsupported("renorm of a 0-dim tensor");
+    int64_t dim = wrap_dim(c.int_(2), x.rank());
+    std::vector<int64_t> others;
+    for (int64_t d = 0; d < x.rank(); ++d)
+      if (d != dim) others.push_back(d);
+    double p = c.num(1);
+    Value a = b.unary("abs", x);
+    Value norm;
+    if (std::isinf(p)) {
+      norm = b.reduce(a, p > 0 ? b.lowest(t) : b.highest(t), others, p > 0 ? "maximum" : "minimum");
+    } else if (p == 0) {
+      norm = b.reduce(b.convert(b.compare(a, b.zeros(t, a.shape()), hlo::Cmp::NE), t), b.zeros(t, {}), others, "add");
+    } else {
+      Value pw = b.binary("power", a, b.constant(p, t, a.shape()));
+      Value sm = b.reduce(pw, b.zeros(t, {}), others, "add");
+      norm = b.binary("power", sm, b.constant(1.0 / p, t, sm.shape()));
+    }
+    Value maxn = b.broadcast_to(c.scalar(3, t), norm.shape());
+    Value factor = b.select(b.compare(norm, maxn, hlo::Cmp::GT),
+                            b.div(maxn, b.add(norm, b.constant(1e-7, t, norm.shape()))), b.constant(1, t, norm.shape()));
+    return {b.convert(b.mul(x, b.broadcast_in_dim(factor, x.shape(), {dim})), c.odt())};
+  });
+  // logcumsumexp(x, dim) = m + log(cumsum(exp(x - m))), m = max over the dim (0 where not finite)
+  add_rule("aten::_logcumsumexp", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t);
+    if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value m = b.reduce(x, b.lowest(t), {dim}, "maximum");
+    m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(t, m.shape()));
+    Value mb = b.broadcast_in_dim(m, x.shape(), [&] {
+      std::vector<int64_t> d;
+      for (int64_t i = 0; i < x.rank(); ++i)
+        if (i != dim) d.push_back(i);
+      return d;
+    }());
+    int64_t n = x.shape()[dim];
+    Shape window(x.rank(), 1), strides(x.rank(), 1);
+    window[dim] = n;
+    std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
+    pad[dim] = {n - 1, 0};
+    Value cs = b.reduce_window(b.unary("exponential", b.sub(x, mb)), b.zeros(t, {}), window, strides, pad, "add");
+    return {b.convert(b.add(b.unary("log", cs), mb), c.odt())};
+  });
   // cumsum / cumprod along dim: reduce_window over a full-length causal window
   for (bool is_prod : {false, true})
     add_rule(is_prod ? "aten::cumprod" : "aten::cumsum", [is_prod](Ctx& c) -> V {
