@@ -44,6 +44,7 @@ void register_all() {
     register_random();
     register_resample();
     register_fft();
+    register_pooling();
   });
 }
 

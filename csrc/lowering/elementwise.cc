@@ -47,7 +47,12 @@ DType result_type(const Ctx& c, std::initializer_list<size_t> idx) {
 
 // ---- generic family rules
 Rule unary(const char* op) {
-  return [op](Ctx& c) -> V { return {c.b.unary(op, c.in_out(0, c.odt()))}; };
+  return [op](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (hlo::is_complex(x.dtype()) && !hlo::is_complex(c.odt()))  // abs of complex: a real result
+      return {c.b.emit(op, {c.b.broadcast_to(x, c.oshape())}, Type{c.odt(), c.oshape()})};
+    return {c.b.unary(op, c.in_out(0, c.odt()))};
+  };
 }
 // Computes in the accumulation type (f32 for f16/bf16), as CUDA does.
 Rule unary_fn(std::function<Value(Builder&, Value)> f) {

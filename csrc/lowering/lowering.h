@@ -176,6 +176,7 @@ void register_nn();
 void register_random();
 void register_resample();
 void register_fft();
+void register_pooling();
 void register_all();
 
 }  // namespace tt::lower

@@ -337,36 +337,6 @@ void register_nn() {
     Value dx = b.reduce_window(spread, b.zeros(t, {}), q.window, Shape(r, 1), none, "add");
     return {b.convert(dx, c.odt())};
   });
-  // _adaptive_avg_pool2d when the output divides the input: a mean over equal blocks
-  add_rule("aten::_adaptive_avg_pool2d", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = b.convert(c.in(0), t);
-    int64_t r = x.rank();
-    const Shape& out = c.oshape();
-    int64_t H = x.shape()[r - 2], W = x.shape()[r - 1], oh = out[r - 2], ow = out[r - 1];
-    if (oh == 0 || ow == 0 || H % oh || W % ow) throw Unsupported("adaptive pooling with uneven windows");
-    Shape s(x.shape().begin(), x.shape().end() - 2);
-    s.insert(s.end(), {oh, H / oh, ow, W / ow});
-    Value m = b.reduce(b.reshape(x, s), b.zeros(t, {}), {r - 1, r + 1}, "add");
-    return {b.convert(b.div(m, b.constant(static_cast<double>((H / oh) * (W / ow)), t, m.shape())), c.odt())};
-  });
-  add_rule("aten::_adaptive_avg_pool2d_backward", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value g = b.convert(c.in(0), t), x = c.in(1);
-    int64_t r = x.rank();
-    int64_t H = x.shape()[r - 2], W = x.shape()[r - 1], oh = g.shape()[r - 2], ow = g.shape()[r - 1];
-    if (oh == 0 || ow == 0 || H % oh || W % ow) throw Unsupported("adaptive pooling with uneven windows");
-    Shape s(x.shape().begin(), x.shape().end() - 2);
-    s.insert(s.end(), {oh, H / oh, ow, W / ow});
-    std::vector<int64_t> dims;
-    for (int64_t i = 0; i < r - 2; ++i) dims.push_back(i);
-    dims.push_back(r - 2);
-    dims.push_back(r);
-    Value spread = b.broadcast_in_dim(b.div(g, b.constant(static_cast<double>((H / oh) * (W / ow)), t, g.shape())), s, dims);
-    return {b.convert(b.reshape(spread, x.shape()), c.odt())};
-  });
   add_rule("aten::_softmax", softmax(false));
   add_rule("aten::_log_softmax", softmax(true));
   // softmax backward: y * (g - sum(g * y)); log_softmax backward: g - exp(y) * sum(g)

@@ -167,7 +167,25 @@ CASES = [
     ("sort", lambda x: torch.sort(x, 1, descending=True)[0] + torch.sort(x, 0)[1], [r(5, 7)]),
     ("topk", lambda x: x.topk(3, dim=1)[0], [r(4, 9)]),
     ("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), [r(1, 2, 9, 9)]),
+    ("adaptive_avg_uneven", lambda x: F.adaptive_avg_pool2d(x, (3, 4)), [r(2, 3, 7, 9)]),
+    ("adaptive_avg3d", lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), [r(1, 2, 5, 7, 3)]),
+    ("adaptive_max2d", lambda x: F.adaptive_max_pool2d(x, (3, 2)), [r(2, 3, 7, 5)]),
+    ("max_unpool2d", lambda x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2), [r(1, 2, 6, 6)]),
+    ("unfold_fold", lambda x: F.fold(F.unfold(x, 3, dilation=1, padding=1, stride=2), (7, 8), 3, padding=1, stride=2),
+     [r(2, 3, 7, 8)]),
+    ("index_copy_fill", lambda x, s: x.index_copy(1, IDX3.to(x.device), s).index_fill(0, IDX1.to(x.device), -1.5),
+     [r(4, 6), r(4, 3)]),
+    ("take_put", lambda x, s: x.take(TIDX.to(x.device)) + x.put(TIDX.to(x.device), s, accumulate=True).sum(),
+     [r(3, 4), r(5)]),
+    ("logcumsumexp", lambda x: torch.logcumsumexp(x, 1), [r(3, 7)]),
+    ("renorm", lambda x: torch.renorm(x, 2, 0, 1.0), [r(4, 5) * 3]),
+    ("masked_scatter", lambda x, s: x.masked_scatter(MS_MASK.to(x.device), s), [r(3, 4), r(12)]),
+    ("fft_rfft2", lambda x: torch.fft.rfft2(x).abs(), [r(4, 6)]),
 ]
+IDX3 = torch.tensor([5, 0, 2])
+IDX1 = torch.tensor([3, 1])
+TIDX = torch.tensor([0, 11, -1, 4, 4])
+MS_MASK = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
 
 GRAD_SKIP = {"compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
              "int_add_float", "int_mul_int", "div_trunc_int", "floordiv_int", "div_floor",
