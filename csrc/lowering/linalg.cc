@@ -19,6 +19,45 @@ Value scale_add(Ctx& c, Value prod, size_t self_arg, size_t beta_arg, size_t alp
   if (c.has(beta_arg) && !c.num_is(beta_arg, 1.0)) self = b.mul(self, c.in_out(beta_arg, t));
   return b.add(self, prod);
 }
+
+// ---- triangular factorizations (stablehlo.cholesky / stablehlo.triangular_solve)
+Value mT(Builder& b, Value x) {
+  std::vector<int64_t> p;
+  for (int64_t i = 0; i < x.rank(); ++i) p.push_back(i);
+  std::swap(p[x.rank() - 1], p[x.rank() - 2]);
+  return b.transpose(x, p);
+}
+
+// x where the (row, col) position is in the lower (or upper) triangle incl. the diagonal, else 0
+Value keep_triangle(Builder& b, Value x, bool lower) {
+  int64_t r = x.rank();
+  Value row = b.iota(DType::S64, x.shape(), r - 2), col = b.iota(DType::S64, x.shape(), r - 1);
+  Value in = b.compare(col, row, lower ? hlo::Cmp::LE : hlo::Cmp::GE);
+  return b.select(in, x, b.zeros(x.dtype(), x.shape()));
+}
+
+// x broadcast to batch dims `batch` (its own last two dims kept)
+Value to_batch(Builder& b, Value x, const Shape& batch) {
+  Shape s = batch;
+  s.push_back(x.shape()[x.rank() - 2]);
+  s.push_back(x.shape()[x.rank() - 1]);
+  return b.broadcast_to(x, s);
+}
+
+// lower Cholesky factor of symmetric positive-definite a (lower triangle used)
+Value cholesky_lower(Builder& b, Value a) {
+  return keep_triangle(b, b.emit("cholesky", {a}, a.type, "lower = true"), true);
+}
+
+// solves op(a) x = y (left) or x op(a) = y (right) for triangular a; batch dims must match
+Value tri_solve(Builder& b, Value a, Value y, bool left, bool lower, bool unit, bool transpose_a) {
+  std::string attrs = std::string("left_side = ") + (left ? "true" : "false") + ", lower = " + (lower ? "true" : "false") +
+                      ", unit_diagonal = " + (unit ? "true" : "false") + ", transpose_a = #stablehlo<transpose " +
+                      (transpose_a ? "TRANSPOSE" : "NO_TRANSPOSE") + ">";
+  return b.emit("triangular_solve", {a, y}, y.type, attrs);
+}
+
+Shape batch_of(const Shape& out) { return Shape(out.begin(), out.end() - 2); }
 }  // namespace
 
 void register_linalg() {
@@ -41,6 +80,77 @@ void register_linalg() {
   add_rule("aten::addbmm", [](Ctx& c) -> V {
     Value p = matmul(c, c.in(1), c.in(2), {{}, {}, {0, 2}, {0, 1}}, c.odt());
     return {scale_add(c, p, 0, 3, 4)};
+  });
+  // linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or the first
+  // failing order where the factor is not finite)
+  add_rule("aten::linalg_cholesky_ex", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value a = b.convert(c.in(0), c.odt(0));
+    if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
+    Value l = cholesky_lower(b, a);
+    int64_t n = a.shape().back(), r = a.rank();
+    Value eye = b.compare(b.iota(DType::S64, a.shape(), r - 2), b.iota(DType::S64, a.shape(), r - 1), hlo::Cmp::EQ);
+    Value diag = b.reduce(b.select(eye, l, b.zeros(l.dtype(), l.shape())), b.zeros(l.dtype(), {}), {r - 1}, "add");
+    Value ok = b.emit("is_finite", {diag}, Type{DType::Pred, diag.shape()});
+    // first non-finite position + 1 (n + 1 stands for none)
+    Value pos = b.add(b.iota(DType::S32, diag.shape(), r - 2), b.constant_int(1, DType::S32, diag.shape()));
+    Value cand = b.select(ok, b.constant_int(n + 1, DType::S32, diag.shape()), pos);
+    Value first = b.reduce(cand, b.constant_int(n + 1, DType::S32), {r - 2}, "minimum");
+    Value info = b.select(b.compare(first, b.constant_int(n + 1, DType::S32, first.shape()), hlo::Cmp::EQ),
+                          b.zeros(DType::S32, first.shape()), first);
+    return {c.flag_or(1, false) ? mT(b, l) : l, b.convert(info, c.odt(1))};
+  });
+  add_rule("aten::cholesky", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value a = b.convert(c.in(0), c.odt());
+    if (hlo::numel(a.shape()) == 0) return {a};
+    Value l = cholesky_lower(b, a);
+    return {c.flag_or(1, false) ? mT(b, l) : l};
+  });
+  // linalg_solve_triangular(a, y, upper, left, unit) = x with a x = y (left) or x a = y
+  add_rule("aten::linalg_solve_triangular", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Shape batch = batch_of(c.oshape());
+    Value a = to_batch(b, b.convert(c.in(0), c.odt()), batch), y = to_batch(b, b.convert(c.in(1), c.odt()), batch);
+    if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+    bool upper = c.flag(2), left = c.flag_or(3, true), unit = c.flag_or(4, false);
+    a = keep_triangle(b, a, !upper);
+    return {tri_solve(b, a, y, left, !upper, unit, false)};
+  });
+  // triangular_solve(y, a, upper, transpose, unit) -> (x with op(a) x = y, a)
+  add_rule("aten::triangular_solve", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Shape batch = batch_of(c.oshape(0));
+    Value y = to_batch(b, b.convert(c.in(0), c.odt(0)), batch), a = to_batch(b, b.convert(c.in(1), c.odt(0)), batch);
+    if (hlo::numel(c.oshape(0)) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.broadcast_to(a, c.oshape(1))};
+    bool upper = c.flag_or(2, true), trans = c.flag_or(3, false), unit = c.flag_or(4, false);
+    Value x = tri_solve(b, keep_triangle(b, a, !upper), y, true, !upper, unit, trans);
+    return {x, b.broadcast_to(a, c.oshape(1))};
+  });
+  // _cholesky_solve_helper(y, L, upper) = x with L L^T x = y (U^T U x = y when upper)
+  add_rule("aten::_cholesky_solve_helper", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Shape batch = batch_of(c.oshape());
+    Value y = to_batch(b, b.convert(c.in(0), c.odt()), batch), l = to_batch(b, b.convert(c.in(1), c.odt()), batch);
+    if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+    bool upper = c.flag_or(2, false);
+    if (upper) l = mT(b, l);
+    l = keep_triangle(b, l, true);
+    Value z = tri_solve(b, l, y, true, true, false, false);
+    return {tri_solve(b, l, z, true, true, false, true)};
+  });
+  // cholesky_inverse(L, upper) = (L L^T)^-1 (or (U^T U)^-1)
+  add_rule("aten::cholesky_inverse", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value l = b.convert(c.in(0), c.odt());
+    if (hlo::numel(l.shape()) == 0) return {l};
+    if (c.flag_or(1, false)) l = mT(b, l);
+    l = keep_triangle(b, l, true);
+    int64_t r = l.rank();
+    Value eye = b.convert(b.compare(b.iota(DType::S64, l.shape(), r - 2), b.iota(DType::S64, l.shape(), r - 1),
+                                    hlo::Cmp::EQ), l.dtype());
+    Value z = tri_solve(b, l, eye, true, true, false, false);
+    return {tri_solve(b, l, z, true, true, false, true)};
   });
   // outer product via a contraction-free dot: x[:, None] * y[None, :]
   add_rule("aten::outer", [](Ctx& c) -> V {
