@@ -55,6 +55,16 @@ Value c2c(Builder& b, Value x, const std::vector<int64_t>& dims, bool forward) {
 }  // namespace
 
 void register_fft() {
+  // complex(re, im) = re + i im ; polar(r, t) = r cos t + i r sin t
+  add_rule("aten::complex", [](Ctx& c) -> V {
+    Value re = c.in_out(0, DType::F32), im = c.in_out(1, DType::F32);
+    return {c.b.emit("complex", {re, im}, Type{DType::C64, c.oshape()})};
+  });
+  add_rule("aten::polar", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value r = c.in_out(0, DType::F32), t = c.in_out(1, DType::F32);
+    return {b.emit("complex", {b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))}, Type{DType::C64, c.oshape()})};
+  });
   // conj_physical(x) = re(x) - i im(x) (real x unchanged)
   add_rule("aten::conj_physical", [](Ctx& c) -> V {
     Builder& b = c.b;

@@ -2,6 +2,9 @@
 // copy, cat, pad, flip, roll, tril/triu, repeat_interleave-free tiling.
 #include <algorithm>
 
+#include <cmath>
+#include <cstdint>
+
 #include "lowering/lowering.h"
 
 namespace tt::lower {
@@ -115,6 +118,94 @@ void register_shape() {
     lim[dim] = k;
     return {b.slice(v, st, lim, step), b.slice(idx, st, lim, step)};
   });
+  // Order statistics along a dim from a stable sort (NaN sorts last): the element
+  // at (per-row) position `pos` of the sorted row, and its original index.
+  auto pick_sorted = [](Builder& b, Value x, int64_t dim, Value pos, bool keepdim) -> V {
+    Value idx;
+    Value v = b.sort_dim(x, dim, false, &idx);
+    Shape one = x.shape();
+    one[dim] = 1;
+    Value p = b.broadcast_to(b.reshape(pos, pos.rank() == x.rank() ? pos.shape() : one), one);
+    Value val = b.take_along(v, p, dim), ind = b.take_along(idx, p, dim);
+    if (!keepdim) {
+      Shape s;
+      for (int64_t i = 0; i < x.rank(); ++i)
+        if (i != dim) s.push_back(x.shape()[i]);
+      val = b.reshape(val, s);
+      ind = b.reshape(ind, s);
+    }
+    return {val, ind};
+  };
+  // whether each row along dim holds a NaN, and where the first one is (keepdim shape)
+  auto first_nan = [](Builder& b, Value x, int64_t dim) -> std::pair<Value, Value> {
+    Value nan = b.compare(x, x, hlo::Cmp::NE);
+    Value pos = b.select(nan, b.iota(DType::S64, x.shape(), dim), b.constant_int(INT64_MAX, DType::S64, x.shape()));
+    Value first = b.reduce(pos, b.constant_int(INT64_MAX, DType::S64), {dim}, "minimum");
+    Shape one = x.shape();
+    one[dim] = 1;
+    first = b.reshape(first, one);
+    return {b.compare(first, b.constant_int(INT64_MAX, DType::S64, one), hlo::Cmp::NE), first};
+  };
+  // kthvalue(x, k, dim, keepdim) = the k-th smallest along dim and its index
+  add_rule("aten::kthvalue", [pick_sorted](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
+    int64_t dim = wrap_dim(c.int_or(2, -1), x.rank());
+    Shape one = x.shape();
+    one[dim] = 1;
+    return pick_sorted(b, x, dim, b.constant_int(c.int_(1) - 1, DType::S64, one), c.flag_or(3, false));
+  });
+  // median(x, dim, keepdim) = the lower median along dim; a row with NaN gives NaN at its first NaN
+  // nanmedian: the lower median of the row's non-NaN elements
+  for (bool nan_ignoring : {false, true})
+    add_rule(nan_ignoring ? "aten::nanmedian.dim" : "aten::median.dim",
+             [pick_sorted, first_nan, nan_ignoring](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = c.in(0);
+      if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
+      int64_t dim = wrap_dim(c.int_(1), x.rank());
+      bool keep = c.flag_or(2, false);
+      int64_t n = x.shape()[dim];
+      Shape one = x.shape();
+      one[dim] = 1;
+      if (nan_ignoring) {
+        Value valid = b.convert(b.compare(x, x, hlo::Cmp::EQ), DType::S64);
+        Value m = b.reshape(b.reduce(valid, b.constant_int(0, DType::S64), {dim}, "add"), one);
+        // (m - 1) / 2, with m = 0 -> 0 (the row is all NaN: position 0 holds a NaN)
+        Value pos = b.div(b.max(b.sub(m, b.constant_int(1, DType::S64, one)), b.zeros(DType::S64, one)),
+                          b.constant_int(2, DType::S64, one));
+        return pick_sorted(b, x, dim, pos, keep);
+      }
+      V r = pick_sorted(b, x, dim, b.constant_int((n - 1) / 2, DType::S64, one), true);
+      auto [has, at] = first_nan(b, x, dim);
+      Value val = b.select(has, b.broadcast_to(b.constant(NAN, x.dtype()), one), r[0]);
+      Value ind = b.select(has, at, r[1]);
+      if (!keep) {
+        val = b.reshape(val, c.oshape(0));
+        ind = b.reshape(ind, c.oshape(1));
+      }
+      return {val, ind};
+    });
+  // median(x) / nanmedian(x) over all elements
+  for (bool nan_ignoring : {false, true})
+    add_rule(nan_ignoring ? "aten::nanmedian" : "aten::median", [pick_sorted, nan_ignoring](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = c.in(0);
+      int64_t n = hlo::numel(x.shape());
+      if (n == 0) return {b.constant(NAN, c.odt())};
+      x = b.reshape(x, {n});
+      Value pos;
+      if (nan_ignoring) {
+        Value m = b.reduce(b.convert(b.compare(x, x, hlo::Cmp::EQ), DType::S64), b.constant_int(0, DType::S64), {0}, "add");
+        pos = b.div(b.max(b.sub(m, b.constant_int(1, DType::S64)), b.constant_int(0, DType::S64)),
+                    b.constant_int(2, DType::S64));
+        return {pick_sorted(b, x, 0, b.reshape(pos, {1}), false)[0]};
+      }
+      Value v = pick_sorted(b, x, 0, b.constant_int((n - 1) / 2, DType::S64, {1}), false)[0];
+      Value any_nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
+      return {b.select(any_nan, b.constant(NAN, x.dtype()), v)};
+    });
   add_rule("aten::tril", triangle(true));
   add_rule("aten::triu", triangle(false));
   // repeat(x, reps): broadcast into interleaved dims [r0, s0, r1, s1, ...] then merge
