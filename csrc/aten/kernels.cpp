@@ -567,7 +567,10 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
             if (e.isInt()) a.ints.push_back(e.toInt());
             else if (e.isSymInt()) a.ints.push_back(e.toSymInt().expect_int());
             else if (e.isBool()) a.ints.push_back(e.toBool());
-            else if (e.isDouble()) a.ints.push_back(static_cast<int64_t>(e.toDouble()));
+            else if (e.isDouble()) {
+              a.ints.push_back(static_cast<int64_t>(e.toDouble()));
+              a.reals.push_back(e.toDouble());
+            }
           }
         }
       } else if (v.isBool()) {
@@ -920,6 +923,20 @@ void meta_like_input(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->emplace_back(out);
 }
 
+// Meta kernels for torch.histogram: (hist [bins], bin_edges [bins + 1]) in the input's dtype.
+void meta_histogram(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t nargs = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, nargs);
+  at::Tensor self = args[0].toTensor();
+  int64_t bins = args[1].isInt() ? args[1].toInt() : args[1].toTensor().numel() - 1;
+  TORCH_CHECK(bins > 0, "torch.histogram(): bins must be > 0");  // CPU's own message replaces this one
+  auto o = self.options().device(c10::kMeta);
+  at::Tensor hist = at::empty({bins}, o), edges = at::empty({bins + 1}, o);
+  torch::jit::drop(*stack, nargs);
+  stack->emplace_back(hist);
+  stack->emplace_back(edges);
+}
+
 int register_lowered_ops() {
   static int count = -1;
   if (count >= 0) return count;
@@ -932,6 +949,11 @@ int register_lowered_ops() {
     auto h = disp.findSchema({std::string("aten::") + name, ""});
     if (h && !h->hasKernelForDispatchKey(c10::DispatchKey::Meta))
       meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&meta_like_input>());
+  }
+  for (const char* overload : {"bin_ct", "bins_tensor"}) {
+    auto h = disp.findSchema({"aten::histogram", overload});
+    if (h && !h->hasKernelForDispatchKey(c10::DispatchKey::Meta))
+      meta.impl((std::string("histogram.") + overload).c_str(), torch::CppFunction::makeFromBoxedFunction<&meta_histogram>());
   }
   std::set<std::string> rules;
   for (auto& n : lower::rule_names()) rules.insert(n);

@@ -2,6 +2,8 @@
 // indexing), index_put, index_add, embedding backward.
 // Negative indices wrap as in PyTorch; out-of-range indices are clamped by the
 // StableHLO gather semantics (PyTorch would raise; see docs/STATUS.md).
+#include <tuple>
+
 #include "lowering/lowering.h"
 
 namespace tt::lower {
@@ -206,6 +208,72 @@ Shape slices_shape(Value x, int64_t dim, Value idx) {
   return s;
 }
 
+
+// ---- histograms
+// bins + 1 edges from lo to hi (scalars), computed from both ends as PyTorch's linspace does
+Value linear_edges(Builder& b, Value lo, Value hi, int64_t bins, DType t) {
+  Shape s{bins + 1};
+  Value step = b.div(b.sub(hi, lo), b.constant(static_cast<double>(bins), t));
+  Value i = b.iota(DType::S64, s, 0);
+  Value fi = b.convert(i, t);
+  Value from_lo = b.add(b.broadcast_to(lo, s), b.mul(fi, b.broadcast_to(step, s)));
+  Value from_hi = b.sub(b.broadcast_to(hi, s),
+                        b.mul(b.sub(b.constant(static_cast<double>(bins), t, s), fi), b.broadcast_to(step, s)));
+  Value first_half = b.compare(i, b.constant_int((bins + 1) / 2, DType::S64, s), hlo::Cmp::LT);
+  return b.select(first_half, from_lo, from_hi);
+}
+
+// counts (or weight sums) of flat x per bin of `edges` [bins + 1]; values outside
+// [edges[0], edges[bins]] (and NaN) are not counted. linear: equal-width bins
+// (the bin computed, then corrected against the edges), else a count of edges <= x.
+Value bin_counts(Builder& b, Value x, Value w, Value edges, int64_t bins, bool linear) {
+  DType t = edges.dtype();
+  int64_t n = hlo::numel(x.shape());
+  Value xf = b.reshape(b.convert(x, t), {n});
+  Shape s{n};
+  Value e0 = b.broadcast_to(b.reshape(b.slice(edges, {0}, {1}, {1}), {}), s);
+  Value eL = b.broadcast_to(b.reshape(b.slice(edges, {bins}, {bins + 1}, {1}), {}), s);
+  Value inr = b.binary("and", b.compare(xf, e0, hlo::Cmp::GE), b.compare(xf, eL, hlo::Cmp::LE));
+  Value pos;
+  if (linear) {
+    Value f = b.unary("floor", b.div(b.mul(b.sub(xf, e0), b.constant(static_cast<double>(bins), t, s)), b.sub(eL, e0)));
+    f = b.select(inr, f, b.zeros(t, s));
+    pos = b.clamp(b.zeros(DType::S64, s), b.convert(f, DType::S64), b.constant_int(bins - 1, DType::S64, s));
+    Value lo = b.take(edges, pos, 0), hi = b.take(edges, b.add(pos, b.constant_int(1, DType::S64, s)), 0);
+    Value down = b.binary("and", b.compare(xf, lo, hlo::Cmp::LT), b.compare(pos, b.zeros(DType::S64, s), hlo::Cmp::GT));
+    Value up = b.binary("and", b.compare(xf, hi, hlo::Cmp::GE),
+                        b.compare(pos, b.constant_int(bins - 1, DType::S64, s), hlo::Cmp::LT));
+    Value one = b.constant_int(1, DType::S64, s);
+    pos = b.select(down, b.sub(pos, one), b.select(up, b.add(pos, one), pos));
+  } else if (bins > 1) {
+    Value inner = b.slice(edges, {1}, {bins}, {1});  // edges[1 .. bins-1]
+    Value ge = b.compare(b.broadcast_in_dim(xf, {n, bins - 1}, {0}), b.broadcast_in_dim(inner, {n, bins - 1}, {1}),
+                         hlo::Cmp::GE);
+    pos = b.reduce(b.convert(ge, DType::S64), b.constant_int(0, DType::S64), {1}, "add");
+  } else {
+    pos = b.zeros(DType::S64, s);
+  }
+  Value slot = b.select(inr, pos, b.constant_int(bins, DType::S64, s));
+  Value upd = w.valid() ? b.reshape(b.convert(w, t), {n}) : b.constant(1, t, s);
+  Value h = b.scatter(b.zeros(t, {bins + 1}), b.reshape(slot, {n, 1}), upd, {0}, "add");
+  return b.slice(h, {0}, {bins}, {1});
+}
+
+// the data's [min, max] (scalars), widened by 0.5 each way where they are equal
+std::pair<Value, Value> data_range(Builder& b, Value x, DType t) {
+  int64_t n = hlo::numel(x.shape());
+  Value xf = b.reshape(b.convert(x, t), {n});
+  Value lo = b.reduce(xf, b.highest(t), {0}, "minimum"), hi = b.reduce(xf, b.lowest(t), {0}, "maximum");
+  Value same = b.compare(lo, hi, hlo::Cmp::EQ);
+  Value half = b.constant(0.5, t);
+  return {b.select(same, b.sub(lo, half), lo), b.select(same, b.add(hi, half), hi)};
+}
+
+Value density(Builder& b, Value h, Value edges, int64_t bins) {
+  Value width = b.sub(b.slice(edges, {1}, {bins + 1}, {1}), b.slice(edges, {0}, {bins}, {1}));
+  Value total = b.broadcast_to(b.reduce(h, b.zeros(h.dtype(), {}), {0}, "add"), {bins});
+  return b.div(h, b.mul(total, width));
+}
 }  // namespace
 
 // The rank of each element of a flat mask among the true ones (0-based; an
@@ -420,6 +488,57 @@ void register_indexing() {
   });
   add_rule("aten::bucketize.Tensor", [search](Ctx& c) -> V {
     return {search(c, c.in(1), c.in(0), c.flag_or(3, false))};
+  });
+  // histc(x, bins, min, max): counts over equal-width bins of [min, max] (the data's range when min == max)
+  add_rule("aten::histc", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = c.in(0);
+    int64_t bins = c.int_or(1, 100);
+    if (hlo::numel(x.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+    Value lo, hi;
+    if (c.num_or(2, 0) == c.num_or(3, 0)) {
+      std::tie(lo, hi) = data_range(b, x, t);
+    } else {
+      lo = c.scalar(2, t);
+      hi = c.scalar(3, t);
+    }
+    return {b.convert(bin_counts(b, x, Value{}, linear_edges(b, lo, hi, bins, t), bins, true), c.odt())};
+  });
+  // histogram(x, bins, range?, weight?, density) -> (hist, edges): equal-width bins
+  add_rule("aten::histogram.bin_ct", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt(0);
+    Value x = c.in(0);
+    int64_t bins = c.int_or(1, 100);
+    Value lo, hi;
+    if (c.has(2) && c.arg(2).reals.size() == 2) {
+      lo = b.constant(c.arg(2).reals[0], t);
+      hi = b.constant(c.arg(2).reals[1], t);
+      if (c.arg(2).reals[0] == c.arg(2).reals[1]) {
+        lo = b.sub(lo, b.constant(0.5, t));
+        hi = b.add(hi, b.constant(0.5, t));
+      }
+    } else if (hlo::numel(x.shape()) == 0) {
+      lo = b.constant(0, t);
+      hi = b.constant(1, t);
+    } else {
+      std::tie(lo, hi) = data_range(b, x, t);
+    }
+    Value edges = linear_edges(b, lo, hi, bins, t);
+    if (hlo::numel(x.shape()) == 0) return {b.zeros(t, {bins}), edges};
+    Value h = bin_counts(b, x, c.has(3) ? c.in(3) : Value{}, edges, bins, true);
+    return {c.flag_or(4, false) ? density(b, h, edges, bins) : h, edges};
+  });
+  // histogram(x, edges tensor, weight?, density) -> (hist, edges)
+  add_rule("aten::histogram.bins_tensor", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt(0);
+    Value edges = b.convert(c.in(1), t);
+    int64_t bins = edges.shape()[0] - 1;
+    if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0) return {b.zeros(t, c.oshape(0)), edges};
+    Value h = bin_counts(b, c.in(0), c.has(2) ? c.in(2) : Value{}, edges, bins, false);
+    return {c.flag_or(3, false) ? density(b, h, edges, bins) : h, edges};
   });
   // embedding_dense_backward(g, idx, num_weights, padding_idx, scale_grad_by_freq)
   add_rule("aten::embedding_dense_backward", [](Ctx& c) -> V {

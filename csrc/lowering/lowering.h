@@ -40,6 +40,7 @@ struct Arg {
   bool scalar_is_bool = false;
   bool b = false;
   std::vector<int64_t> ints;
+  std::vector<double> reals;  // a float[] argument's values (ints holds them truncated)
   std::string s;
   // A 0-dim CPU tensor passed where a tensor goes (e.g. `x * 0.5`): `tensor`
   // is its runtime scalar parameter; wrapped numbers do not promote dtypes.
