@@ -43,6 +43,7 @@ void register_all() {
     register_nn();
     register_random();
     register_resample();
+    register_special();
   });
 }
 

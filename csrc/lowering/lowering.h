@@ -175,6 +175,7 @@ void register_linalg();
 void register_nn();
 void register_random();
 void register_resample();
+void register_special();
 void register_all();
 
 }  // namespace tt::lower

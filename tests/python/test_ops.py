@@ -167,11 +167,32 @@ CASES = [
     ("sort", lambda x: torch.sort(x, 1, descending=True)[0] + torch.sort(x, 0)[1], [r(5, 7)]),
     ("topk", lambda x: x.topk(3, dim=1)[0], [r(4, 9)]),
     ("max_pool2d_pad", lambda x: F.max_pool2d(x, 3, stride=2, padding=1), [r(1, 2, 9, 9)]),
+    ("threshold", lambda a: F.threshold(a, 0.3, -1.0), [r(20)]),
+    ("softshrink", lambda a: F.softshrink(a, 0.7), [r(20)]),
+    ("hardshrink", lambda a: F.hardshrink(a, 0.7), [r(20)]),
+    ("heaviside", torch.heaviside, [torch.tensor([-1.5, 0.0, 2.0, 0.0]), torch.tensor([0.5, 0.25, 0.5, 0.75])]),
+    ("signbit", torch.signbit, [torch.tensor([-1.5, 0.0, -0.0, 2.0, float("nan"), -float("inf")])]),
+    ("sinc", torch.sinc, [torch.cat([r(9), torch.zeros(1)])]),
+    ("angle", torch.angle, [torch.tensor([-1.5, 0.0, 2.0, -0.5])]),
+    ("nextafter", torch.nextafter, [torch.tensor([0.0, 1.0, 1.0, -2.0, 3.0]), torch.tensor([-1.0, 2.0, 0.0, -3.0, 3.0])]),
+    ("frexp", lambda a: torch.stack(torch.frexp(a)[:1] + (torch.frexp(a)[1].float(),)),
+     [torch.tensor([0.0, 1.0, -3.0, 1e-40, 1e30, float("inf")])]),
+    ("entr", torch.special.entr, [torch.cat([pos(8), torch.tensor([0.0])])]),
+    ("xlog1py", torch.special.xlog1py, [r(8), pos(8)]),
+    ("erfinv", torch.erfinv, [r(20, lo=-0.95, hi=0.95)]),
+    ("ndtri", torch.special.ndtri, [r(20, lo=0.05, hi=0.95)]),
+    ("lgamma_digamma", lambda a: torch.lgamma(a) + torch.digamma(a), [r(20, lo=-3.9, hi=5.0)]),
+    ("polygamma", lambda a: torch.polygamma(2, a) + torch.polygamma(1, a), [r(20, lo=-3.9, hi=5.0)]),
+    ("zeta", torch.special.zeta, [r(8, lo=1.5, hi=4.0), pos(8)]),
+    ("mvlgamma", lambda a: torch.mvlgamma(a, 3), [r(10, lo=1.1, hi=5.0)]),
+    ("bessel_i", lambda a: torch.i0(a) + torch.special.i0e(a) + torch.special.i1(a) + torch.special.i1e(a),
+     [r(30, lo=-16.0, hi=16.0)]),
 ]
 
 GRAD_SKIP = {"compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
              "int_add_float", "int_mul_int", "div_trunc_int", "floordiv_int", "div_floor",
-             "floor_ceil_round_trunc", "sum_bool", "to_dtype", "max_dim"}
+             "floor_ceil_round_trunc", "sum_bool", "to_dtype", "max_dim", "heaviside", "signbit", "nextafter",
+             "frexp", "zeta"}
 
 
 @pytest.mark.parametrize("name,fn,inputs", CASES, ids=[c[0] for c in CASES])
