@@ -197,6 +197,10 @@ CASES = [
      + torch.cummax(a, 1).indices + torch.cummin(a, 0).indices, [torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, -1.0, 2.5, 2.5]])]),
     ("norm_legacy", lambda a: torch.ops.aten.norm.ScalarOpt_dim(a, 3, [1]) + torch.ops.aten.norm.Scalar(a, 1), [r(3, 4)]),
     ("channel_shuffle", lambda a: F.channel_shuffle(a, 3), [r(2, 6, 2, 3)]),
+    ("avg_pool3d", lambda x: F.avg_pool3d(x, 3, stride=2, padding=1), [r(2, 2, 7, 6, 5)]),
+    ("avg_pool3d_ceil_nopad", lambda x: F.avg_pool3d(x, (2, 3, 2), ceil_mode=True, count_include_pad=False),
+     [r(1, 2, 5, 7, 5)]),
+    ("avg_pool2d_neg_divisor", lambda x: F.avg_pool2d(x, 2, divisor_override=-2), [r(1, 2, 4, 4)]),
 ]
 
 GRAD_SKIP = {"compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
