@@ -72,14 +72,18 @@ void register_special() {
       Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 0, x), b.mul(x, b.unary("log_plus_one", y)));
       return b.select(b.compare(y, y, Cmp::NE), y, r);
     }));
-  add_rule("aten::erfinv", unary_fn([](Builder& b, Value x) { return chlo(b, "chlo.erf_inv", {x}); }));
+  // one CHLO op each
+  const std::pair<const char*, const char*> direct[] = {{"aten::erfinv", "chlo.erf_inv"},
+                                                        {"aten::lgamma", "chlo.lgamma"},
+                                                        {"aten::digamma", "chlo.digamma"},
+                                                        {"aten::special_i1e", "chlo.bessel_i1e"}};
+  for (auto& [n, op] : direct)
+    add_rule(n, unary_fn([op = op](Builder& b, Value x) { return chlo(b, op, {x}); }));
   // ndtri(p) = sqrt(2) erfinv(2p - 1)
   add_rule("aten::special_ndtri", unary_fn([](Builder& b, Value p) {
     Value y = b.sub(b.mul(k(b, 2, p), p), k(b, 1, p));
     return b.mul(k(b, M_SQRT2, p), chlo(b, "chlo.erf_inv", {y}));
   }));
-  add_rule("aten::lgamma", unary_fn([](Builder& b, Value x) { return chlo(b, "chlo.lgamma", {x}); }));
-  add_rule("aten::digamma", unary_fn([](Builder& b, Value x) { return chlo(b, "chlo.digamma", {x}); }));
   // polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 1. The first 16 terms
   // of zeta's series are summed here: chlo.zeta starts its Euler-Maclaurin tail
   // at q + 9, too early for negative q (where the series still converges).
@@ -117,7 +121,6 @@ void register_special() {
   for (auto n : {"aten::special_i1", "aten::special_modified_bessel_i1"})
     add_rule(n, unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 1, false); }));
   add_rule("aten::special_i0e", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 0, true); }));
-  add_rule("aten::special_i1e", unary_fn([](Builder& b, Value x) { return chlo(b, "chlo.bessel_i1e", {x}); }));
 }
 
 }  // namespace tt::lower
