@@ -45,6 +45,7 @@ void register_all() {
     register_resample();
     register_fft();
     register_pooling();
+    register_special();
   });
 }
 

@@ -91,6 +91,19 @@ Rule logical(const char* op) {
 
 Value k(Builder& b, double v, Value like) { return b.scalar_like(v, like); }
 
+// The signed integer type as wide as float type t (for bit manipulation).
+DType int_like(DType t) {
+  int64_t sz = hlo::itemsize(t);
+  return sz == 8 ? DType::S64 : sz == 4 ? DType::S32 : DType::S16;
+}
+// v wrapped to the width of signed integer type it (bit masks such as 0x807fffff).
+int64_t wrap_int(int64_t v, DType it) {
+  int bits = static_cast<int>(8 * hlo::itemsize(it));
+  if (bits == 64) return v;
+  uint64_t m = (uint64_t{1} << bits) - 1, u = static_cast<uint64_t>(v) & m;
+  return u >> (bits - 1) ? static_cast<int64_t>(u) - static_cast<int64_t>(m) - 1 : static_cast<int64_t>(u);
+}
+
 // erf(x) for f32 (f64 too, at f32 accuracy): rational approximation on [-4, 4]
 // erf(x) = x * P(x^2) / Q(x^2) (the minimax coefficients used by Eigen and XLA).
 Value erf(Builder& b, Value x) {
@@ -323,8 +336,7 @@ void register_elementwise() {
   }));
   // copysign(a, b) = |a| with b's sign bit
   add_rule("aten::copysign.Tensor", binary_fn([](Builder& b, Value x, Value y) {
-    int64_t sz = hlo::itemsize(y.dtype());
-    DType it = sz == 8 ? DType::S64 : sz == 4 ? DType::S32 : DType::S16;
+    DType it = int_like(y.dtype());
     Value neg = b.compare(b.bitcast(y, it), b.constant_int(0, it, y.shape()), Cmp::LT);
     Value ax = b.unary("abs", x);
     return b.select(neg, b.neg(ax), ax);
@@ -346,6 +358,76 @@ void register_elementwise() {
     Value zero = b.select(b.compare(y, y, Cmp::NE), y, k(b, 0, x));
     return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), zero, r);
   }));
+  // heaviside(x, v) = x == 0 ? v : x > 0
+  add_rule("aten::heaviside", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Builder& b = c.b;
+    Value x = c.in_out(0, t), v = c.in_out(1, t);
+    Value step = b.convert(b.compare(x, k(b, 0, x), Cmp::GT), t);
+    return {b.select(b.compare(x, k(b, 0, x), Cmp::EQ), v, step)};
+  });
+  // signbit(x) = sign bit of x (floats: also -0.0 and -NaN)
+  add_rule("aten::signbit", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    if (x.dtype() == DType::Pred || hlo::is_unsigned(x.dtype())) return {b.constant_int(0, DType::Pred, x.shape())};
+    if (hlo::is_float(x.dtype())) x = b.bitcast(x, int_like(x.dtype()));
+    return {b.compare(x, k(b, 0, x), Cmp::LT)};
+  });
+  // sinc(x) = x == 0 ? 1 : sin(pi x) / (pi x)
+  add_rule("aten::sinc", unary_fn([](Builder& b, Value x) {
+    Value px = b.mul(x, k(b, M_PI, x));
+    return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 1, x), b.div(b.unary("sine", px), px));
+  }));
+  // angle(x) for real x = isnan(x) ? x : x < 0 ? pi : 0
+  add_rule("aten::angle", unary_fn([](Builder& b, Value x) {
+    Value a = b.select(b.compare(x, k(b, 0, x), Cmp::LT), k(b, M_PI, x), k(b, 0, x));
+    return b.select(b.compare(x, x, Cmp::NE), x, a);
+  }));
+  // nextafter(x, y): the bits of x stepped by one towards y (NaN if either is
+  // NaN, y if x == y, the smallest subnormal with y's sign if x == 0)
+  add_rule("aten::nextafter", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Builder& b = c.b;
+    Value x = c.in_out(0, t), y = c.in_out(1, t);
+    DType it = int_like(t);
+    Value ix = b.bitcast(x, it), one = k(b, 1, ix);
+    Value up = b.compare(b.compare(x, y, Cmp::LT), b.compare(x, k(b, 0, x), Cmp::GT), Cmp::EQ);
+    Value step = b.bitcast(b.select(up, b.add(ix, one), b.sub(ix, one)), t);
+    Value tiny = b.bitcast(one, t);
+    Value from0 = b.select(b.compare(y, k(b, 0, y), Cmp::GT), tiny, b.neg(tiny));
+    Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), from0, step);
+    r = b.select(b.compare(x, y, Cmp::EQ), y, r);
+    return {b.select(b.binary("or", b.compare(x, x, Cmp::NE), b.compare(y, y, Cmp::NE)), b.add(x, y), r)};
+  });
+  // frexp(x) = (m, e) with x = m * 2^e, 0.5 <= |m| < 1, from the bits alone (the
+  // CPU plugin flushes subnormal arithmetic to zero): m keeps x's sign and fraction
+  // under the exponent field bias - 1; a subnormal's fraction is first shifted
+  // up to its leading one. (x, 0) for 0, inf, NaN.
+  add_rule("aten::frexp.Tensor", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt();
+    if (!hlo::is_float(t)) throw Unsupported("frexp of a non-float tensor");
+    Value x = c.in_out(0, t);
+    int64_t mant = t == DType::F64 ? 52 : t == DType::F32 ? 23 : t == DType::F16 ? 10 : 7;
+    int64_t bias = t == DType::F64 ? 1023 : t == DType::F16 ? 15 : 127, emask = 2 * bias + 1;
+    int64_t width = 8 * hlo::itemsize(t);
+    DType it = int_like(t);
+    Value bits = b.bitcast(x, it);
+    auto ik = [&](int64_t v) { return b.constant_int(wrap_int(v, it), it, x.shape()); };
+    auto band = [&](Value u, int64_t m) { return b.binary("and", u, ik(m)); };
+    Value e = band(b.binary("shift_right_logical", bits, ik(mant)), emask);
+    Value f = band(bits, (int64_t{1} << mant) - 1);
+    Value lead = b.sub(ik(width - 1), b.unary("count_leading_zeros", f));  // bit of f's leading one
+    Value sub = b.compare(e, ik(0), Cmp::EQ);
+    Value fs = band(b.binary("shift_left", f, b.sub(ik(mant), lead)), (int64_t{1} << mant) - 1);
+    Value ex = b.select(sub, b.add(lead, ik(2 - bias - mant)), b.sub(e, ik(bias - 1)));
+    Value mbits = b.binary("or", band(bits, static_cast<int64_t>(uint64_t{1} << (width - 1))), ik((bias - 1) << mant));
+    Value m = b.bitcast(b.binary("or", mbits, b.select(sub, fs, f)), t);
+    Value special = b.binary("or", b.compare(e, ik(emask), Cmp::EQ),
+                             b.binary("and", sub, b.compare(f, ik(0), Cmp::EQ)));
+    return {b.select(special, x, m), b.convert(b.select(special, ik(0), ex), c.odt(1))};
+  });
   // round(x, decimals) = round(x * 10^d) / 10^d
   add_rule("aten::round.decimals", [](Ctx& c) -> V {
     DType t = compute_type(c.odt());
@@ -484,6 +566,35 @@ void register_elementwise() {
   add_rule("aten::hardswish", unary_fn([](Builder& b, Value x) {
     return b.mul(x, b.div(b.clamp(k(b, 0, x), b.add(x, k(b, 3, x)), k(b, 6, x)), k(b, 6, x)));
   }));
+
+  // threshold(x, th, v) = x <= th ? v : x
+  add_rule("aten::threshold", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Value x = c.in_out(0, t);
+    return {c.b.select(c.b.compare(x, c.in_out(1, t), Cmp::LE), c.in_out(2, t), x)};
+  });
+  // softshrink(x, l) = x > l ? x - l : x < -l ? x + l : 0 * x (NaN stays NaN)
+  add_rule("aten::softshrink", [](Ctx& c) -> V {
+    DType t = c.odt();
+    Builder& b = c.b;
+    Value x = c.in_out(0, t), l = c.in_out(1, t);
+    Value mid = b.select(b.compare(x, b.neg(l), Cmp::LT), b.add(x, l), b.mul(x, k(b, 0, x)));
+    return {b.select(b.compare(x, l, Cmp::GT), b.sub(x, l), mid)};
+  });
+  // hardshrink(x, l) = -l <= x <= l ? 0 : x; both backward kernels: -l <= x <= l ? 0 : g
+  auto in_band = [](Ctx& c, Value x, size_t l_arg) {
+    Value l = c.in_out(l_arg, x.dtype());
+    return c.b.binary("and", c.b.compare(x, c.b.neg(l), Cmp::GE), c.b.compare(x, l, Cmp::LE));
+  };
+  add_rule("aten::hardshrink", [in_band](Ctx& c) -> V {
+    Value x = c.in_out(0, c.odt());
+    return {c.b.select(in_band(c, x, 1), k(c.b, 0, x), x)};
+  });
+  for (auto n : {"aten::hardshrink_backward", "aten::softshrink_backward"})
+    add_rule(n, [in_band](Ctx& c) -> V {
+      Value g = c.in_out(0, c.odt()), x = c.in_out(1, c.odt());
+      return {c.b.select(in_band(c, x, 2), k(c.b, 0, g), g)};
+    });
 
   // ---- activation backward kernels (grad first)
   // threshold_backward(g, x, th) = x <= th ? 0 : g

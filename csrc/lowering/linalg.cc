@@ -61,6 +61,22 @@ Shape batch_of(const Shape& out) { return Shape(out.begin(), out.end() - 2); }
 }  // namespace
 
 void register_linalg() {
+  // linalg_cross(a, b, dim): c_i = a_{i+1} b_{i+2} - a_{i+2} b_{i+1} (indices mod 3 along dim)
+  add_rule("aten::linalg_cross", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = c.odt();
+    Value x = c.in_out(0, t), y = c.in_out(1, t);
+    int64_t d = wrap_dim(c.int_or(2, -1), x.rank());
+    auto roll = [&](Value v, int64_t s) {  // v[(i + s) % 3]
+      Shape lo(v.rank(), 0), hi = v.shape(), st(v.rank(), 1);
+      hi[d] = s;
+      Value head = b.slice(v, lo, hi, st);
+      lo[d] = s;
+      hi[d] = 3;
+      return b.concatenate({b.slice(v, lo, hi, st), head}, d);
+    };
+    return {b.sub(b.mul(roll(x, 1), roll(y, 2)), b.mul(roll(x, 2), roll(y, 1)))};
+  });
   add_rule("aten::mm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kMM, c.odt())}; });
   add_rule("aten::bmm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kBMM, c.odt())}; });
   add_rule("aten::dot", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });

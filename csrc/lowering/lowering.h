@@ -178,6 +178,7 @@ void register_random();
 void register_resample();
 void register_fft();
 void register_pooling();
+void register_special();
 void register_all();
 
 }  // namespace tt::lower

@@ -140,24 +140,26 @@ Value per_channel(Builder& b, Value v, const Shape& full) {  // [C] -> full, alo
   return b.broadcast_in_dim(v, full, {1});
 }
 
-// Windows of avg_pool over the last two dims: (sum of x, count per window).
-struct Pool2 {
+// Windows of avg_pool over the last n dims: (sum of x, count per window).
+struct Pool {
+  int n = 2;
   Shape k, s, p;
   std::vector<std::pair<int64_t, int64_t>> pad;  // reduce_window padding for x
   Shape window, strides;
 };
-Pool2 pool2(const Value& x, const std::vector<int64_t>& ks, const std::vector<int64_t>& st,
-            const std::vector<int64_t>& pd, const Shape& out) {
-  Pool2 q;
+Pool pool_geometry(const Value& x, int n, const std::vector<int64_t>& ks, const std::vector<int64_t>& st,
+                   const std::vector<int64_t>& pd, const Shape& out) {
+  Pool q;
   int64_t r = x.rank();
-  q.k = ints_n(ks, 2, 1);
-  q.s = st.empty() ? q.k : ints_n(st, 2, 1);
-  q.p = ints_n(pd, 2, 0);
+  q.n = n;
+  q.k = ints_n(ks, n, 1);
+  q.s = st.empty() ? q.k : ints_n(st, n, 1);
+  q.p = ints_n(pd, n, 0);
   q.window = Shape(r, 1);
   q.strides = Shape(r, 1);
   q.pad.assign(r, {0, 0});
-  for (int i = 0; i < 2; ++i) {
-    int64_t d = r - 2 + i, H = x.shape()[d], O = out[d];
+  for (int i = 0; i < n; ++i) {
+    int64_t d = r - n + i, H = x.shape()[d], O = out[d];
     int64_t extra = std::max<int64_t>(0, (O - 1) * q.s[i] + q.k[i] - (H + 2 * q.p[i]));
     q.window[d] = q.k[i];
     q.strides[d] = q.s[i];
@@ -167,22 +169,61 @@ Pool2 pool2(const Value& x, const std::vector<int64_t>& ks, const std::vector<in
 }
 // Elements each window averages over (count_include_pad counts the zero padding,
 // not the ceil_mode overhang), or the divisor override.
-Value pool_count(Builder& b, const Value& x, const Pool2& q, bool include_pad, int64_t divisor, DType t,
+Value pool_count(Builder& b, const Value& x, const Pool& q, bool include_pad, int64_t divisor, DType t,
                  const Shape& out) {
-  if (divisor > 0) return b.constant(static_cast<double>(divisor), t, out);
+  if (divisor != 0) return b.constant(static_cast<double>(divisor), t, out);  // any sign, as on CPU
   int64_t r = x.rank();
   Value ones = b.constant(1, t, x.shape());
   std::vector<std::pair<int64_t, int64_t>> pad = q.pad;
   if (include_pad) {
     Shape lo(r, 0), hi(r, 0), in(r, 0);
-    for (int i = 0; i < 2; ++i) {
-      int64_t d = r - 2 + i;
+    for (int i = 0; i < q.n; ++i) {
+      int64_t d = r - q.n + i;
       lo[d] = hi[d] = q.p[i];
       pad[d] = {0, q.pad[d].second - q.p[i]};
     }
     ones = b.pad(ones, b.constant(1, t), lo, hi, in);
   }
   return b.reduce_window(ones, b.zeros(t, {}), q.window, q.strides, pad, "add");
+}
+
+// avg_pool{n}d(x, k, stride, pad, ceil, count_include_pad, divisor?) = window sum / count
+Rule avg_pool(int n) {
+  return [n](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value x = b.convert(c.in(0), t);
+    Pool q = pool_geometry(x, n, c.ints(1), c.ints(2), c.ints(3), c.oshape());
+    Value sum = b.reduce_window(x, b.zeros(t, {}), q.window, q.strides, q.pad, "add");
+    Value cnt = pool_count(b, x, q, c.flag_or(5, true), c.int_or(6, 0), t, sum.shape());
+    return {b.convert(b.div(sum, cnt), c.odt())};
+  };
+}
+// avg_pool{n}d_backward(g, x, k, stride, pad, ceil, count_include_pad, divisor?):
+// dx[h] = sum of g/count over the windows holding h: g/count spread by the stride
+// (interior padding), then summed over k-wide windows.
+Rule avg_pool_backward(int n) {
+  return [n](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value g = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
+    Pool q = pool_geometry(x, n, c.ints(2), c.ints(3), c.ints(4), g.shape());
+    Value cnt = pool_count(b, x, q, c.flag_or(6, true), c.int_or(7, 0), t, g.shape());
+    Value gs = b.div(g, cnt);
+    int64_t r = x.rank();
+    Shape lo(r, 0), hi(r, 0), in(r, 0);
+    for (int i = 0; i < n; ++i) {
+      int64_t dd = r - n + i, H = x.shape()[dd], O = g.shape()[dd];
+      int64_t len = (O - 1) * q.s[i] + 1;
+      lo[dd] = q.k[i] - 1 - q.p[i];
+      hi[dd] = H - len - lo[dd] + q.k[i] - 1;
+      in[dd] = q.s[i] - 1;
+    }
+    Value spread = b.pad(gs, b.zeros(t, {}), lo, hi, in);
+    std::vector<std::pair<int64_t, int64_t>> none(r, {0, 0});
+    Value dx = b.reduce_window(spread, b.zeros(t, {}), q.window, Shape(r, 1), none, "add");
+    return {b.convert(dx, c.odt())};
+  };
 }
 
 // The two halves of x along dim.
@@ -303,40 +344,10 @@ void register_nn() {
     }
     return {dx, sgx, sg};
   });
-  // avg_pool2d(x, k, stride, pad, ceil, count_include_pad, divisor?) = window sum / count
-  add_rule("aten::avg_pool2d", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = b.convert(c.in(0), t);
-    Pool2 q = pool2(x, c.ints(1), c.ints(2), c.ints(3), c.oshape());
-    Value sum = b.reduce_window(x, b.zeros(t, {}), q.window, q.strides, q.pad, "add");
-    Value cnt = pool_count(b, x, q, c.flag_or(5, true), c.int_or(6, 0), t, sum.shape());
-    return {b.convert(b.div(sum, cnt), c.odt())};
-  });
-  // avg_pool2d_backward(g, x, k, stride, pad, ceil, count_include_pad, divisor?):
-  // dx[h] = sum of g/count over the windows holding h: g/count spread by the stride
-  // (interior padding), then summed over k-wide windows.
-  add_rule("aten::avg_pool2d_backward", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value g = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
-    Pool2 q = pool2(x, c.ints(2), c.ints(3), c.ints(4), g.shape());
-    Value cnt = pool_count(b, x, q, c.flag_or(6, true), c.int_or(7, 0), t, g.shape());
-    Value gs = b.div(g, cnt);
-    int64_t r = x.rank();
-    Shape lo(r, 0), hi(r, 0), in(r, 0);
-    for (int i = 0; i < 2; ++i) {
-      int64_t dd = r - 2 + i, H = x.shape()[dd], O = g.shape()[dd];
-      int64_t len = (O - 1) * q.s[i] + 1;
-      lo[dd] = q.k[i] - 1 - q.p[i];
-      hi[dd] = H - len - lo[dd] + q.k[i] - 1;
-      in[dd] = q.s[i] - 1;
-    }
-    Value spread = b.pad(gs, b.zeros(t, {}), lo, hi, in);
-    std::vector<std::pair<int64_t, int64_t>> none(r, {0, 0});
-    Value dx = b.reduce_window(spread, b.zeros(t, {}), q.window, Shape(r, 1), none, "add");
-    return {b.convert(dx, c.odt())};
-  });
+  add_rule("aten::avg_pool2d", avg_pool(2));
+  add_rule("aten::avg_pool2d_backward", avg_pool_backward(2));
+  add_rule("aten::avg_pool3d", avg_pool(3));
+  add_rule("aten::avg_pool3d_backward", avg_pool_backward(3));
   add_rule("aten::_softmax", softmax(false));
   add_rule("aten::_log_softmax", softmax(true));
   // softmax backward: y * (g - sum(g * y)); log_softmax backward: g - exp(y) * sum(g)

@@ -1,6 +1,9 @@
 // Random family: counter-based draws from the device generator's (seed, offset),
 // bound as runtime parameters, so a new draw never recompiles and a seed
 // reproduces the same numbers on every plugin.
+#include <cmath>
+#include <functional>
+
 #include "lowering/lowering.h"
 
 namespace tt::lower {
@@ -25,9 +28,46 @@ V normal(Ctx& c) {
   Value m = c.scalar_or(1, 0.0, t), s = c.scalar_or(2, 1.0, t);
   return {b.convert(b.add(b.broadcast_to(m, z.shape()), b.mul(z, b.broadcast_to(s, z.shape()))), c.odt())};
 }
+
+// Inverse-CDF draws: f(u, params) for u uniform in (0, 1] (1 - u01, so log(u) is finite).
+Rule inverse_cdf(std::function<Value(Builder&, Value, Ctx&, DType)> f) {
+  return [f](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value u = b.convert(uniform01(c, c.oshape()), t);
+    u = b.sub(b.constant(1, t, u.shape()), u);
+    return {b.convert(f(b, u, c, t), c.odt())};
+  };
+}
+Value param(Ctx& c, size_t i, double dflt, DType t, const Shape& s) {
+  return c.b.broadcast_to(c.scalar_or(i, dflt, t), s);
+}
 }  // namespace
 
 void register_random() {
+  // exponential_(lambd) = -log(u) / lambd
+  add_rule("aten::exponential_", inverse_cdf([](Builder& b, Value u, Ctx& c, DType t) {
+    return b.div(b.neg(b.unary("log", u)), param(c, 1, 1.0, t, u.shape()));
+  }));
+  // cauchy_(median, sigma) = median + sigma tan(pi (u - 1/2))
+  add_rule("aten::cauchy_", inverse_cdf([](Builder& b, Value u, Ctx& c, DType t) {
+    Value half = b.constant(0.5, t, u.shape()), pi = b.constant(M_PI, t, u.shape());
+    Value tan = b.unary("tan", b.mul(pi, b.sub(u, half)));
+    return b.add(param(c, 1, 0.0, t, u.shape()), b.mul(param(c, 2, 1.0, t, u.shape()), tan));
+  }));
+  // log_normal_(mean, std) = exp(mean + std z)
+  add_rule("aten::log_normal_", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value z = b.convert(normal01(c, c.oshape()), t);
+    Value y = b.add(param(c, 1, 1.0, t, z.shape()), b.mul(param(c, 2, 2.0, t, z.shape()), z));
+    return {b.convert(b.unary("exponential", y), c.odt())};
+  });
+  // geometric_(p) = max(ceil(log(u) / log1p(-p)), 1) (trials up to the first success)
+  add_rule("aten::geometric_", inverse_cdf([](Builder& b, Value u, Ctx& c, DType t) {
+    Value l = b.unary("log_plus_one", b.neg(param(c, 1, 0.5, t, u.shape())));
+    return b.max(b.unary("ceil", b.div(b.unary("log", u), l)), b.constant(1, t, u.shape()));
+  }));
   add_rule("aten::uniform_", uniform);
   add_rule("aten::uniform", uniform);
   add_rule("aten::normal_", normal);

@@ -1,5 +1,6 @@
 // Reduction family: sum, mean, prod, amax/amin, max/min(.dim), argmax/argmin,
-// var/std (+_mean), all/any, logsumexp, vector norm, cumsum/cumprod.
+// var/std (+_mean), all/any, logsumexp, vector norm, count_nonzero, aminmax, isin,
+// cumsum/cumprod, cummax/cummin.
 // f16/bf16 inputs accumulate in f32, as on CUDA.
 #include <cmath>
 
@@ -62,6 +63,36 @@ Rule arg_extreme(bool is_max, bool with_values) {
     if (with_values) return {v, i};
     return {i};
   };
+}
+
+// vector norm of x over dims (ord at p_arg, None = 2): sum(|x|^p)^(1/p); inf: max|x|; 0: count of nonzeros
+Value vector_norm(Ctx& c, size_t p_arg, size_t dim_arg) {
+  Builder& b = c.b;
+  Value x = b.unary("abs", b.convert(c.in(0), compute_type(c.odt())));
+  double p = c.num_or(p_arg, 2.0);
+  auto dims = reduce_dims(c, dim_arg, x.rank());
+  if (std::isinf(p))
+    return b.reduce(x, p > 0 ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, p > 0 ? "maximum" : "minimum");
+  if (p == 0) {
+    Value nz = b.convert(b.compare(x, b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), x.dtype());
+    return b.reduce(nz, b.zeros(x.dtype(), {}), dims, "add");
+  }
+  if (p == 1) return b.reduce(x, b.zeros(x.dtype(), {}), dims, "add");
+  if (p == 2) return b.unary("sqrt", b.reduce(b.mul(x, x), b.zeros(x.dtype(), {}), dims, "add"));
+  Value pv = c.scalar(p_arg, x.dtype());
+  Value s = b.reduce(b.binary("power", x, b.broadcast_to(pv, x.shape())), b.zeros(x.dtype(), {}), dims, "add");
+  return b.binary("power", s, b.broadcast_to(b.div(b.constant(1, x.dtype()), pv), s.shape()));
+}
+
+// Running (inclusive prefix) reduction along dim: reduce_window over a full-length causal window.
+Value running(Builder& b, Value x, int64_t dim, Value init, const char* op) {
+  int64_t n = x.shape()[dim];
+  if (n == 0) return x;
+  Shape window(x.rank(), 1), strides(x.rank(), 1);
+  window[dim] = n;
+  std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
+  pad[dim] = {n - 1, 0};
+  return b.reduce_window(x, init, window, strides, pad, op);
 }
 
 // var(x) = sum((x - mean)^2) / max(N - correction, 0)
@@ -141,23 +172,29 @@ void register_reduction() {
     Value s = b.reduce(b.unary("exponential", b.sub(x, mb)), b.zeros(x.dtype(), {}), dims, "add");
     return {b.add(b.unary("log", s), m)};
   });
-  // linalg_vector_norm(x, ord, dim, keepdim, dtype): sum(|x|^p)^(1/p); inf: max|x|
-  add_rule("aten::linalg_vector_norm", [](Ctx& c) -> V {
+  add_rule("aten::linalg_vector_norm", [](Ctx& c) -> V { return {vector_norm(c, 1, 2)}; });
+  // legacy norm(x, p?, dim?, keepdim, dtype?): the same vector norm
+  for (auto [n, dim_arg] : {std::pair{"aten::norm.Scalar", size_t(99)}, {"aten::norm.ScalarOpt_dtype", size_t(99)},
+                            {"aten::norm.ScalarOpt_dim", size_t(2)}, {"aten::norm.ScalarOpt_dim_dtype", size_t(2)}})
+    add_rule(n, [dim_arg = dim_arg](Ctx& c) -> V { return {vector_norm(c, 1, dim_arg)}; });
+  // count_nonzero(x, dims) = sum(x != 0) over dims (int64)
+  for (auto n : {"aten::count_nonzero", "aten::count_nonzero.dim_IntList"})
+    add_rule(n, [](Ctx& c) -> V {
+      Value x = c.in(0);
+      Value nz = c.b.convert(c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), DType::S64);
+      return {c.b.reduce(nz, c.b.zeros(DType::S64, {}), reduce_dims(c, 1, x.rank()), "add")};
+    });
+  // aminmax(x, dim?, keepdim) = (amin, amax), NaN where the reduced slice has a NaN
+  // (the CPU plugin's min/max reductions skip NaNs)
+  add_rule("aten::aminmax", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x = b.unary("abs", b.convert(c.in(0), compute_type(c.odt())));
-    double p = c.num_or(1, 2.0);
-    auto dims = reduce_dims(c, 2, x.rank());
-    if (std::isinf(p))
-      return {b.reduce(x, p > 0 ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, p > 0 ? "maximum" : "minimum")};
-    if (p == 0) {
-      Value nz = b.convert(b.compare(x, b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), x.dtype());
-      return {b.reduce(nz, b.zeros(x.dtype(), {}), dims, "add")};
-    }
-    if (p == 1) return {b.reduce(x, b.zeros(x.dtype(), {}), dims, "add")};
-    if (p == 2) return {b.unary("sqrt", b.reduce(b.mul(x, x), b.zeros(x.dtype(), {}), dims, "add"))};
-    Value pv = c.scalar(1, x.dtype());
-    Value s = b.reduce(b.binary("power", x, b.broadcast_to(pv, x.shape())), b.zeros(x.dtype(), {}), dims, "add");
-    return {b.binary("power", s, b.broadcast_to(b.div(b.constant(1, x.dtype()), pv), s.shape()))};
+    Value x = c.in(0);
+    auto dims = reduce_dims(c, 1, x.rank());
+    Value lo = b.reduce(x, b.highest(x.dtype()), dims, "minimum"), hi = b.reduce(x, b.lowest(x.dtype()), dims, "maximum");
+    if (!hlo::is_float(x.dtype())) return {lo, hi};
+    Value nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), dims, "or");
+    Value q = b.constant(NAN, x.dtype(), lo.shape());
+    return {b.select(nan, q, lo), b.select(nan, q, hi)};
   });
   // trace(x) = sum of x[i, i]
   add_rule("aten::trace", [](Ctx& c) -> V {
@@ -218,21 +255,68 @@ void register_reduction() {
     Value cs = b.reduce_window(b.unary("exponential", b.sub(x, mb)), b.zeros(t, {}), window, strides, pad, "add");
     return {b.convert(b.add(b.unary("log", cs), mb), c.odt())};
   });
-  // cumsum / cumprod along dim: reduce_window over a full-length causal window
+  // isin(e, t, assume_unique, invert) = any(e[..., None] == flat(t)) (xor invert); one
+  // side may be a Python number
+  for (auto n : {"aten::isin.Tensor_Tensor", "aten::isin.Tensor_Scalar", "aten::isin.Scalar_Tensor"})
+    add_rule(n, [](Ctx& c) -> V {
+      Builder& b = c.b;
+      auto dtype = [&](size_t i) {
+        const Arg& a = c.arg(i);
+        if (a.kind == Arg::Tensor) return a.tensor.dtype();
+        return a.scalar_is_bool ? DType::Pred : a.scalar_is_int ? DType::S64 : DType::F32;
+      };
+      bool s0 = c.arg(0).kind != Arg::Tensor, s1 = c.arg(1).kind != Arg::Tensor;
+      DType t = promote(dtype(0), dtype(1));
+      if (s0 || s1) {  // a Python number only raises the category (to its default type)
+        auto cat = [](DType d) { return d == DType::Pred ? 0 : hlo::is_int(d) ? 1 : hlo::is_float(d) ? 2 : 3; };
+        DType tt = dtype(s0 ? 1 : 0), st = dtype(s0 ? 0 : 1);
+        t = cat(st) > cat(tt) ? st : tt;
+      }
+      Shape es = c.oshape();
+      int64_t m = s1 ? 1 : hlo::numel(c.in(1).shape());
+      Value e = c.in_as(0, t, es);
+      Value tv = s1 ? c.in_as(1, t, {1}) : b.reshape(b.convert(c.in(1), t), {m});
+      Shape full = es;
+      full.push_back(m);
+      std::vector<int64_t> edims;
+      for (size_t i = 0; i < es.size(); ++i) edims.push_back(static_cast<int64_t>(i));
+      Value eq = b.compare(b.broadcast_in_dim(e, full, edims), b.broadcast_in_dim(tv, full, {int64_t(es.size())}),
+                           hlo::Cmp::EQ);
+      Value r = b.reduce(eq, b.constant_int(0, DType::Pred), {int64_t(es.size())}, "or");
+      return {c.flag_or(3, false) ? b.unary("not", r) : r};
+    });
+  // cummax(x, dim) = (v, i): v = running max, NaN from the first NaN on; i =
+  // running max of (hit ? position : -1), hit = (NaN seen ? isnan(x) : x == v): the
+  // last position holding the running maximum (ties take the later one, as on
+  // CPU). cummin alike. (Registered as cummax itself: CPU's _cummax_helper has
+  // no Meta kernel.)
+  for (bool is_max : {true, false})
+    add_rule(is_max ? "aten::cummax" : "aten::cummin", [is_max](Ctx& c) -> V {
+      Builder& b = c.b;
+      Value x = c.in(0);
+      if (x.dtype() == DType::Pred) throw Unsupported("cummax/cummin of bool");
+      if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
+      int64_t dim = wrap_dim(c.int_(1), x.rank());
+      Value init = is_max ? b.lowest(x.dtype()) : b.highest(x.dtype());
+      Value v = running(b, x, dim, init, is_max ? "maximum" : "minimum");
+      Value hit = b.compare(x, v, hlo::Cmp::EQ);
+      if (hlo::is_float(x.dtype())) {  // the CPU plugin's max/min windows skip NaNs
+        Value isnan = b.compare(x, x, hlo::Cmp::NE);
+        Value seen = running(b, isnan, dim, b.constant_int(0, DType::Pred), "or");
+        v = b.select(seen, b.constant(NAN, x.dtype(), x.shape()), v);
+        hit = b.select(seen, isnan, hit);
+      }
+      Value pos = b.select(hit, b.iota(DType::S64, x.shape(), dim), b.constant_int(-1, DType::S64, x.shape()));
+      return {v, running(b, pos, dim, b.constant_int(-1, DType::S64), "maximum")};
+    });
+  // cumsum / cumprod along dim
   for (bool is_prod : {false, true})
     add_rule(is_prod ? "aten::cumprod" : "aten::cumsum", [is_prod](Ctx& c) -> V {
       Builder& b = c.b;
       Value x = b.convert(c.in(0), compute_type(c.odt()));
       if (x.rank() == 0) return {x};
-      int64_t dim = wrap_dim(c.int_(1), x.rank());
-      int64_t n = x.shape()[dim];
-      if (hlo::numel(x.shape()) == 0) return {x};
-      Shape window(x.rank(), 1), strides(x.rank(), 1);
-      window[dim] = n;
-      std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
-      pad[dim] = {n - 1, 0};
       Value init = b.constant(is_prod ? 1 : 0, x.dtype());
-      return {b.reduce_window(x, init, window, strides, pad, is_prod ? "multiply" : "add")};
+      return {running(b, x, wrap_dim(c.int_(1), x.rank()), init, is_prod ? "multiply" : "add")};
     });
 }
 

@@ -71,6 +71,20 @@ void register_shape() {
     for (int64_t d : c.ints(1)) dims.push_back(wrap_dim(d, x.rank()));
     return {c.b.reverse(x, dims)};
   });
+  // channel_shuffle(x, g): [N, C, *] -> [N, g, C/g, *] -> swap dims 1, 2 -> [N, C, *]
+  add_rule("aten::channel_shuffle", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    int64_t g = c.int_(1);
+    if (x.rank() < 2 || g <= 0 || x.shape()[1] % g) throw Unsupported("channel_shuffle geometry");
+    Shape s = x.shape();
+    s[1] = s[1] / g;
+    s.insert(s.begin() + 1, g);
+    std::vector<int64_t> perm(s.size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+    std::swap(perm[1], perm[2]);
+    return {b.reshape(b.transpose(b.reshape(x, s), perm), x.shape())};
+  });
   // roll(x, shifts, dims): concat(x[n-s:], x[:n-s]) per dim; no dims = flattened
   add_rule("aten::roll", [](Ctx& c) -> V {
     Builder& b = c.b;

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 import opinfo_parity as oi  # noqa: E402
 
 # Native passes measured when this guard was set (docs/OP_COVERAGE.md); raise it as ops are added.
-NATIVE_PASS_BASELINE = 424
+NATIVE_PASS_BASELINE = 544
 
 
 def test_opinfo_float32_parity():

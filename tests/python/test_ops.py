@@ -181,6 +181,40 @@ CASES = [
     ("renorm", lambda x: torch.renorm(x, 2, 0, 1.0), [r(4, 5) * 3]),
     ("masked_scatter", lambda x, s: x.masked_scatter(MS_MASK.to(x.device), s), [r(3, 4), r(12)]),
     ("fft_rfft2", lambda x: torch.fft.rfft2(x).abs(), [r(4, 6)]),
+    ("threshold", lambda a: F.threshold(a, 0.3, -1.0), [r(20)]),
+    ("softshrink", lambda a: F.softshrink(a, 0.7), [r(20)]),
+    ("hardshrink", lambda a: F.hardshrink(a, 0.7), [r(20)]),
+    ("heaviside", torch.heaviside, [torch.tensor([-1.5, 0.0, 2.0, 0.0]), torch.tensor([0.5, 0.25, 0.5, 0.75])]),
+    ("signbit", torch.signbit, [torch.tensor([-1.5, 0.0, -0.0, 2.0, float("nan"), -float("inf")])]),
+    ("sinc", torch.sinc, [torch.cat([r(9), torch.zeros(1)])]),
+    ("angle", torch.angle, [torch.tensor([-1.5, 0.0, 2.0, -0.5])]),
+    ("nextafter", torch.nextafter, [torch.tensor([0.0, 1.0, 1.0, -2.0, 3.0]), torch.tensor([-1.0, 2.0, 0.0, -3.0, 3.0])]),
+    ("frexp", lambda a: torch.stack(torch.frexp(a)[:1] + (torch.frexp(a)[1].float(),)),
+     [torch.tensor([0.0, 1.0, -3.0, 1e-40, 1e30, float("inf")])]),
+    ("entr", torch.special.entr, [torch.cat([pos(8), torch.tensor([0.0])])]),
+    ("xlog1py", torch.special.xlog1py, [r(8), pos(8)]),
+    ("erfinv", torch.erfinv, [r(20, lo=-0.95, hi=0.95)]),
+    ("ndtri", torch.special.ndtri, [r(20, lo=0.05, hi=0.95)]),
+    ("lgamma_digamma", lambda a: torch.lgamma(a) + torch.digamma(a), [r(20, lo=-3.9, hi=5.0)]),
+    ("polygamma", lambda a: torch.polygamma(2, a) + torch.polygamma(1, a), [r(20, lo=-3.9, hi=5.0)]),
+    ("zeta", torch.special.zeta, [r(8, lo=1.5, hi=4.0), pos(8)]),
+    ("mvlgamma", lambda a: torch.mvlgamma(a, 3), [r(10, lo=1.1, hi=5.0)]),
+    ("bessel_i", lambda a: torch.i0(a) + torch.special.i0e(a) + torch.special.i1(a) + torch.special.i1e(a),
+     [r(30, lo=-16.0, hi=16.0)]),
+    ("count_nonzero", lambda a: torch.stack([torch.count_nonzero(a), torch.count_nonzero(a, dim=1).sum()]),
+     [torch.tensor([[0.0, 1.0, 2.0], [0.0, 0.0, -3.0]])]),
+    ("aminmax", lambda a: torch.stack(torch.aminmax(a, dim=1)), [r(4, 5)]),
+    ("isin", lambda a, b: torch.stack([torch.isin(a, b), torch.isin(a, b, invert=True), torch.isin(a, 3)]),
+     [torch.tensor([[1, 2], [3, 4]]), torch.tensor([2, 4, 9])]),
+    ("linalg_cross", lambda a, b: torch.linalg.cross(a, b, dim=1), [r(4, 3), r(1, 3)]),
+    ("cummax_cummin", lambda a: torch.cummax(a, 1).values + torch.cummin(a, 0).values
+     + torch.cummax(a, 1).indices + torch.cummin(a, 0).indices, [torch.tensor([[1.0, 3.0, 3.0, 0.5], [2.0, -1.0, 2.5, 2.5]])]),
+    ("norm_legacy", lambda a: torch.ops.aten.norm.ScalarOpt_dim(a, 3, [1]) + torch.ops.aten.norm.Scalar(a, 1), [r(3, 4)]),
+    ("channel_shuffle", lambda a: F.channel_shuffle(a, 3), [r(2, 6, 2, 3)]),
+    ("avg_pool3d", lambda x: F.avg_pool3d(x, 3, stride=2, padding=1), [r(2, 2, 7, 6, 5)]),
+    ("avg_pool3d_ceil_nopad", lambda x: F.avg_pool3d(x, (2, 3, 2), ceil_mode=True, count_include_pad=False),
+     [r(1, 2, 5, 7, 5)]),
+    ("avg_pool2d_neg_divisor", lambda x: F.avg_pool2d(x, 2, divisor_override=-2), [r(1, 2, 4, 4)]),
 ]
 IDX3 = torch.tensor([5, 0, 2])
 IDX1 = torch.tensor([3, 1])
@@ -189,7 +223,8 @@ MS_MASK = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.b
 
 GRAD_SKIP = {"compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
              "int_add_float", "int_mul_int", "div_trunc_int", "floordiv_int", "div_floor",
-             "floor_ceil_round_trunc", "sum_bool", "to_dtype", "max_dim"}
+             "floor_ceil_round_trunc", "sum_bool", "to_dtype", "max_dim", "heaviside", "signbit", "nextafter",
+             "frexp", "zeta", "count_nonzero", "isin"}
 
 
 @pytest.mark.parametrize("name,fn,inputs", CASES, ids=[c[0] for c in CASES])
@@ -247,4 +282,24 @@ def test_batch_norm_training_updates_running_stats(highest):
     torch.testing.assert_close(bn_t.running_mean.cpu(), bn_c.running_mean, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(bn_t.running_var.cpu(), bn_c.running_var, rtol=1e-5, atol=1e-5)
     assert int(bn_t.num_batches_tracked) == 3
+    assert not torch_tpu.metrics.cpu_fallbacks(), torch_tpu.metrics.cpu_fallbacks()
+
+
+@pytest.mark.parametrize("name,fn,mean,var", [
+    ("exponential", lambda t: t.exponential_(2.0), 0.5, 0.25),
+    ("cauchy", lambda t: ((t.cauchy_(1.0, 2.0) - 1.0).abs() < 2.0).float(), 0.5, 0.25),  # quartiles: median -+ sigma
+    ("log_normal", lambda t: t.log_normal_(0.5, 0.3).log(), 0.5, 0.09),
+    ("geometric", lambda t: t.geometric_(0.3), 1 / 0.3, 0.7 / 0.09),
+])
+def test_random_inverse_cdf(name, fn, mean, var):
+    """In-place draws from the device generator: moments match, nothing falls back."""
+    torch_tpu.metrics.reset()
+    torch.manual_seed(0)
+    x = fn(torch.empty(100000, device="tpu")).cpu()
+    assert abs(x.mean().item() - mean) < 0.02 * max(abs(mean), 1)
+    assert abs(x.var().item() - var) < 0.03 * var
+    if name == "geometric":
+        assert x.min().item() == 1.0 and torch.equal(x, x.round())
+    torch.manual_seed(0)
+    assert torch.equal(fn(torch.empty(100000, device="tpu")).cpu(), x)
     assert not torch_tpu.metrics.cpu_fallbacks(), torch_tpu.metrics.cpu_fallbacks()
