@@ -540,6 +540,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           a.kind = lower::Arg::None;
         } else {
           a.kind = lower::Arg::Tensor;
+          a.contiguous = t.is_contiguous();
           tensor_value(t, a);
         }
       } else if (v.isTensorList()) {

@@ -45,6 +45,10 @@ struct Arg {
   // A 0-dim CPU tensor passed where a tensor goes (e.g. `x * 0.5`): `tensor`
   // is its runtime scalar parameter; wrapped numbers do not promote dtypes.
   bool wrapped_number = false;
+  // The tensor's memory layout is row-major contiguous (in the trace key via its
+  // strides). Only layout-dependent results use it: PyTorch's det/slogdet
+  // factor A^T for contiguous A and return that factorization.
+  bool contiguous = false;
 };
 
 // A Python number a rule read structurally (it shaped the program text):

@@ -216,6 +216,15 @@ CASES = [
      [r(1, 2, 5, 7, 5)]),
     ("avg_pool2d_neg_divisor", lambda x: F.avg_pool2d(x, 2, divisor_override=-2), [r(1, 2, 4, 4)]),
 ]
+CASES += [
+    ("linalg_inv_solve_det", lambda a, y: torch.linalg.inv(a).sum() + torch.linalg.solve(a, y).sum() + torch.linalg.det(a),
+     [torch.randn(4, 4, generator=torch.Generator().manual_seed(1)) + 4 * torch.eye(4), r(4, 2)]),
+    ("cholesky_tri_solve", lambda a, y: torch.linalg.solve_triangular(torch.linalg.cholesky(a @ a.mT + torch.eye(3, device=a.device)),
+                                                                       y, upper=False), [r(3, 3), r(3, 2)]),
+    ("lu_factor_solve", lambda a, y: torch.linalg.lu_solve(*torch.linalg.lu_factor(a), y), [
+        torch.randn(2, 3, 3, generator=torch.Generator().manual_seed(2)) + 3 * torch.eye(3), r(2, 3, 1)]),
+    ("slogdet", lambda a: torch.linalg.slogdet(a)[1], [r(3, 4, 4) + 2 * torch.eye(4)]),
+]
 IDX3 = torch.tensor([5, 0, 2])
 IDX1 = torch.tensor([3, 1])
 TIDX = torch.tensor([0, 11, -1, 4, 4])
