@@ -625,4 +625,30 @@ Value Builder::sort_dim(Value x, int64_t dim, bool descending, Value* indices) {
   return outs[0];
 }
 
+// ---------------------------------------------------------------- control flow
+std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const LoopFn& cond, const LoopFn& body) {
+  std::vector<Type> ts;
+  for (const Value& v : init) ts.push_back(v.type);
+  // each block is built into an empty body_, then moved into the region text
+  auto block = [&](const LoopFn& fn) {
+    std::string outer;
+    outer.swap(body_);
+    std::vector<Value> args;
+    for (const Type& t : ts) args.push_back(fresh(t));
+    std::vector<Value> res = fn(*this, args);
+    std::string inner;
+    inner.swap(body_);
+    body_.swap(outer);
+    if (dry_) return std::string();
+    std::string s = "{\n    ^bb0(";
+    for (size_t i = 0; i < args.size(); ++i) s += (i ? ", %v" : "%v") + std::to_string(args[i].id) + ": " + ts[i].str();
+    s += "):\n" + inner + "      \"stablehlo.return\"(";
+    for (size_t i = 0; i < res.size(); ++i) s += (i ? ", %v" : "%v") + std::to_string(res[i].id);
+    s += ") : (" + types(res) + ") -> ()\n    }";
+    return s;
+  };
+  std::string c = block(cond), b = block(body);
+  return emit_multi("while", init, ts, "", c + ", " + b);
+}
+
 }  // namespace tt::hlo

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -168,6 +169,12 @@ class Builder {
   // of x; updates has shape [N] + remaining (window) dims of x. body "add" or "" (replace).
   Value scatter(Value x, Value idx, Value updates, const std::vector<int64_t>& dims, const std::string& body);
   Value sort_dim(Value x, int64_t dim, bool descending, Value* indices);
+
+  // ---- control flow
+  // stablehlo.while over the loop-carried values `init`: `cond(vals)` returns
+  // {i1 scalar}, `body(vals)` the next values (same types). Returns the final values.
+  using LoopFn = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
+  std::vector<Value> while_loop(const std::vector<Value>& init, const LoopFn& cond, const LoopFn& body);
 
  private:
   std::string name(Value v) const { return "%" + std::to_string(v.id); }

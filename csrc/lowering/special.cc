@@ -3,6 +3,7 @@
 // i0 / i1 (plain and exponentially scaled). Where CHLO has the function the rule
 // emits it (the plugin's CHLO legalization expands it); f16/bf16 compute in f32.
 #include <cmath>
+#include <functional>
 
 #include "lowering/lowering.h"
 
@@ -56,9 +57,92 @@ Value bessel_i(Builder& b, Value x, int nu, bool scaled) {
   return b.select(b.compare(x, x, Cmp::NE), x, r);
 }
 
+
+// Orthogonal polynomials p_n(x) from their three-term recurrences
+//   p_{k+1} = a_k(x) p_k - b_k p_{k-1}
+// run on the device by a while loop up to the largest n (n is data); each
+// element takes p at its own n (0 for n < 0).
+using Step = std::function<Value(Builder&, Value x, Value k, Value p, Value q)>;  // p = p_k, q = p_{k-1}
+Value recurrence(Ctx& c, const std::function<Value(Builder&, Value)>& p1, const Step& next,
+                 const std::function<Value(Builder&, Value)>& prep = {}) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  const Shape& s = c.oshape();
+  Value x = c.in_out(0, t);
+  if (prep) x = prep(b, x);
+  Value n = b.broadcast_to(b.convert(c.arg(1).kind == Arg::Tensor ? c.in(1) : c.scalar(1, t), DType::S64), s);
+  if (hlo::numel(s) == 0) return b.zeros(c.odt(), s);
+  Value one = k(b, 1, x), first = p1(b, x);
+  Value res = b.select(b.compare(n, b.zeros(DType::S64, s), Cmp::EQ), one,
+                       b.select(b.compare(n, b.constant_int(1, DType::S64, s), Cmp::EQ), first, b.zeros(t, s)));
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) all.push_back(i);
+  Value nmax = b.reduce(n, b.constant_int(1, DType::S64), all, "maximum");
+  auto out = b.while_loop(
+      {b.constant_int(1, DType::S64), one, first, res, nmax, x, n},
+      [](Builder& bb, const std::vector<Value>& v) -> V { return {bb.compare(v[0], v[4], Cmp::LT)}; },
+      [&next, s](Builder& bb, const std::vector<Value>& v) -> V {
+        Value kv = v[0], xv = v[5], nv = v[6];
+        Value p = next(bb, xv, bb.broadcast_to(bb.convert(kv, xv.dtype()), s), v[2], v[1]);
+        Value k1 = bb.add(kv, bb.constant_int(1, DType::S64));
+        Value hit = bb.compare(nv, bb.broadcast_to(k1, s), Cmp::EQ);
+        return {k1, v[2], p, bb.select(hit, p, v[3]), v[4], xv, nv};
+      });
+  return b.convert(out[3], c.odt());
+}
 }  // namespace
 
 void register_special() {
+  // Chebyshev T/U/V/W (and shifted: x -> 2x - 1), Hermite H/He, Laguerre L, Legendre P
+  {
+    auto two_x = [](Builder& b, Value x, Value, Value p, Value q) { return b.sub(b.mul(b.add(x, x), p), q); };
+    auto shift = [](Builder& b, Value x) { return b.sub(b.add(x, x), k(b, 1, x)); };
+    struct Cheb {
+      const char* name;
+      std::function<Value(Builder&, Value)> p1;
+    };
+    std::vector<Cheb> cheb = {
+        {"t", [](Builder& b, Value x) { return x; }},
+        {"u", [](Builder& b, Value x) { return b.add(x, x); }},
+        {"v", [](Builder& b, Value x) { return b.sub(b.add(x, x), k(b, 1, x)); }},
+        {"w", [](Builder& b, Value x) { return b.add(b.add(x, x), k(b, 1, x)); }},
+    };
+    for (auto& ch : cheb)
+      for (bool shifted : {false, true}) {
+        std::string n = std::string("aten::special_") + (shifted ? "shifted_" : "") + "chebyshev_polynomial_" + ch.name;
+        auto p1 = ch.p1;
+        add_rule(n, [p1, two_x, shift, shifted](Ctx& c) -> V {
+          return {recurrence(c, p1, two_x, shifted ? std::function<Value(Builder&, Value)>(shift) : nullptr)};
+        });
+      }
+    // H_{k+1} = 2x H_k - 2k H_{k-1};  He_{k+1} = x He_k - k He_{k-1}
+    add_rule("aten::special_hermite_polynomial_h", [](Ctx& c) -> V {
+      return {recurrence(c, [](Builder& b, Value x) { return b.add(x, x); },
+                         [](Builder& b, Value x, Value kk, Value p, Value q) {
+                           return b.sub(b.mul(b.add(x, x), p), b.mul(b.add(kk, kk), q));
+                         })};
+    });
+    add_rule("aten::special_hermite_polynomial_he", [](Ctx& c) -> V {
+      return {recurrence(c, [](Builder& b, Value x) { return x; },
+                         [](Builder& b, Value x, Value kk, Value p, Value q) { return b.sub(b.mul(x, p), b.mul(kk, q)); })};
+    });
+    // L_{k+1} = ((2k + 1 - x) L_k - k L_{k-1}) / (k + 1)
+    add_rule("aten::special_laguerre_polynomial_l", [](Ctx& c) -> V {
+      return {recurrence(c, [](Builder& b, Value x) { return b.sub(k(b, 1, x), x); },
+                         [](Builder& b, Value x, Value kk, Value p, Value q) {
+                           Value a = b.sub(b.add(b.add(kk, kk), k(b, 1, x)), x);
+                           return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
+                         })};
+    });
+    // P_{k+1} = ((2k + 1) x P_k - k P_{k-1}) / (k + 1)
+    add_rule("aten::special_legendre_polynomial_p", [](Ctx& c) -> V {
+      return {recurrence(c, [](Builder& b, Value x) { return x; },
+                         [](Builder& b, Value x, Value kk, Value p, Value q) {
+                           Value a = b.mul(b.add(b.add(kk, kk), k(b, 1, x)), x);
+                           return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
+                         })};
+    });
+  }
   // entr(x) = x > 0 ? -x log x : x == 0 ? 0 : -inf (NaN stays NaN)
   add_rule("aten::special_entr", unary_fn([](Builder& b, Value x) {
     Value zero = k(b, 0, x);

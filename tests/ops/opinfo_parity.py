@@ -4,9 +4,12 @@ Used by tests/ops/test_opinfo.py (CI) and by
   python tests/ops/opinfo_parity.py [--samples K] [--ops name,...] [--markdown]
 which writes the per-entry table in docs/OP_COVERAGE.md.
 
-For every op_db entry that supports float32, up to K sample inputs run on CPU and
-on tpu (matmul-like ops at HIGHEST precision) and are compared in value, dtype and
-shape. An entry is
+For every op_db entry that supports the dtype (float32 by default; --dtype
+bfloat16 / int64 / bool for the other sweeps), up to K sample inputs run on CPU
+and on tpu (matmul-like ops at HIGHEST precision) and are compared in value,
+dtype and shape. For float32 entries that support autograd, the gradients of
+the sample's inputs (for random output weights) are compared too (--grad). An
+entry is
   pass      every sample matched and no ATen op fell back to the CPU,
   fallback  every sample matched, some ATen op ran on the CPU fallback,
   fail      a sample differed or raised on tpu but not on CPU (reason recorded),
@@ -68,6 +71,10 @@ EXPECTED_FAIL = {
     "_native_batch_norm_legit": "eval samples: PyTorch's Meta kernel sizes save_mean/save_invstd [C], its CPU kernel [0]",
 }
 
+# entries whose input gradients differ from CPU's, each with the reason
+EXPECTED_GRAD_FAIL = {
+}
+
 
 def _to(x, device):
     if isinstance(x, torch.Tensor):
@@ -87,7 +94,10 @@ def _flat(x):
     return [x]
 
 
-def _compare(a, b):
+TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+def _compare(a, b, tol=1e-4):
     fa, fb = _flat(a), _flat(b)
     if len(fa) != len(fb):
         return f"different number of results ({len(fa)} vs {len(fb)})"
@@ -101,7 +111,7 @@ def _compare(a, b):
                 return f"shape {tuple(x.shape)} vs {tuple(y.shape)}"
             xc = x.cpu()
             try:
-                torch.testing.assert_close(xc, y, rtol=1e-4, atol=1e-4, equal_nan=True)
+                torch.testing.assert_close(xc, y, rtol=tol, atol=tol, equal_nan=True)
             except AssertionError as e:
                 return "values differ: " + str(e).splitlines()[0][:120]
         elif x != y and not (isinstance(x, float) and x != x and y != y):
@@ -110,6 +120,80 @@ def _compare(a, b):
 
 
 FALLBACK_OPS = set()  # ATen ops that ran on the CPU fallback during the last entry
+
+
+def _grad_sample(op, s):
+    """Input gradients of one sample on CPU and on tpu, for the same random output
+    weights: (cpu grads, tpu grads, fell back) or None when nothing is differentiable."""
+    leaves = [t for t in _flat([s.input, list(s.args), list(s.kwargs.values())])
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not leaves:
+        return None
+    out = op(s.input, *s.args, **s.kwargs)
+    keep = [i for i, o in enumerate(_flat(out)) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not keep:
+        return None
+    outs = [_flat(out)[i] for i in keep]
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs]
+    expected = torch.autograd.grad(outs, leaves, ws, allow_unused=True)
+    mapping = {id(t): t.detach().to("tpu").requires_grad_() for t in leaves}
+
+    def move(x):
+        if isinstance(x, torch.Tensor):
+            return mapping[id(x)] if id(x) in mapping else x.detach().to("tpu")
+        if isinstance(x, (list, tuple)):
+            return type(x)(move(v) for v in x)
+        if isinstance(x, dict):
+            return {k: move(v) for k, v in x.items()}
+        return x
+
+    torch_tpu.metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out_t = op(move(s.input), *move(tuple(s.args)), **move(dict(s.kwargs)))
+        outs_t = [_flat(out_t)[i] for i in keep]
+        actual = torch.autograd.grad(outs_t, [mapping[id(t)] for t in leaves], [w.to(o.device) for w, o in zip(ws, outs_t)],
+                                     allow_unused=True)
+    fb = torch_tpu.metrics.cpu_fallbacks()
+    FALLBACK_OPS.update(fb.keys())
+    return expected, [None if a is None else a.cpu() for a in actual], bool(fb)
+
+
+def run_grads(op, samples):
+    """'pass' | 'fallback' | 'fail' | 'skip' for the input gradients of an entry (float32)."""
+    FALLBACK_OPS.clear()
+    if not op.supports_autograd or torch.float32 not in op.supported_backward_dtypes("cpu"):
+        return "skip", "no float32 autograd"
+    try:
+        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=True))[:samples]
+    except Exception as e:  # noqa: BLE001
+        return "skip", f"sample generation failed: {type(e).__name__}"
+    ran, fell_back = 0, False
+    for s in sample_list:
+        try:
+            r = _grad_sample(op, s)
+        except Exception as e:  # noqa: BLE001
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}" if str(e) else type(e).__name__
+            # a CPU failure (nothing to compare) raises before the tpu part runs
+            if "tpu" in msg or "torch_tpu" in msg:
+                return "fail", "raised " + msg
+            continue
+        if r is None:
+            continue
+        expected, actual, fb = r
+        ran += 1
+        fell_back |= fb
+        for e, a in zip(expected, actual):
+            if (e is None) != (a is None):
+                return "fail", "a gradient is missing on one side"
+            if e is not None:
+                err = _compare(a, e, 1e-3)
+                if err:
+                    return "fail", "gradient " + err
+    if ran == 0:
+        return "skip", "no differentiable sample"
+    return ("fallback" if fell_back else "pass"), ", ".join(sorted(FALLBACK_OPS))
 
 
 def run_entry(op, samples, dtype=torch.float32):
@@ -145,7 +229,7 @@ def run_entry(op, samples, dtype=torch.float32):
         fb = torch_tpu.metrics.cpu_fallbacks()
         fell_back |= bool(fb)
         FALLBACK_OPS.update(fb.keys())
-        err = _compare(actual, expected)
+        err = _compare(actual, expected, TOL.get(dtype, 0))
         if err:
             return name, "fail", err
     if ran == 0:
@@ -153,7 +237,8 @@ def run_entry(op, samples, dtype=torch.float32):
     return name, ("fallback" if fell_back else "pass"), ", ".join(sorted(FALLBACK_OPS))
 
 
-def run_all(samples=2, only=None):
+def run_all(samples=2, only=None, dtype=torch.float32, grads=False):
+    """[(entry, result, reason)], or with grads [(entry, result, reason, grad result, grad reason)]."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     results = []
@@ -161,7 +246,11 @@ def run_all(samples=2, only=None):
         for op in op_db:
             if only and op.name not in only:
                 continue
-            results.append(run_entry(op, samples))
+            r = run_entry(op, samples, dtype)
+            if grads:
+                g = ("skip", r[2]) if r[1] in ("skip", "fail") or op.name in REASONS else run_grads(op, samples)
+                r = r + g
+            results.append(r)
     return results
 
 
@@ -171,38 +260,61 @@ def summary(results):
     return counts, tested
 
 
+def grad_summary(results):
+    return {k: sum(1 for r in results if len(r) > 3 and r[3] == k) for k in ("pass", "fallback", "fail", "skip")}
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--ops", default=None)
+    ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    ap.add_argument("--grad", action="store_true", help="also compare input gradients (float32)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     t0 = time.time()
-    res = run_all(args.samples, set(args.ops.split(",")) if args.ops else None)
+    res = run_all(args.samples, set(args.ops.split(",")) if args.ops else None, DTYPES[args.dtype], args.grad)
     counts, tested = summary(res)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=0)
     if args.markdown:
-        print(f"## OpInfo parity (float32, up to {args.samples} samples per entry)\n")
-        print(f"Command: `python tests/ops/opinfo_parity.py --samples {args.samples} --markdown`; "
-              f"{time.time() - t0:.0f} s on the CPU plugin.\n")
-        print("| result | entries |\n|---|---|")
+        grad_flag = " --grad" if args.grad else ""
+        print(f"## OpInfo parity ({args.dtype}, up to {args.samples} samples per entry)\n")
+        print(f"Command: `python tests/ops/opinfo_parity.py --samples {args.samples} --dtype {args.dtype}{grad_flag} "
+              f"--markdown`; {time.time() - t0:.0f} s on the CPU plugin.\n")
+        print("| result | entries |" + (" gradients |" if args.grad else "") + "\n|---|---|" + ("---|" if args.grad else ""))
+        gs = grad_summary(res)
         for k, v in counts.items():
-            print(f"| {k} | {v} |")
-        print(f"\nOf {tested} tested float32 entries: {counts['pass']} pass natively "
+            print(f"| {k} | {v} |" + (f" {gs[k]} |" if args.grad else ""))
+        print(f"\nOf {tested} tested {args.dtype} entries: {counts['pass']} pass natively "
               f"({100 * counts['pass'] / max(tested, 1):.0f}%), {counts['fallback']} pass through the CPU "
               f"fallback, {counts['fail']} fail.\n")
-        print("| entry | result | reason |\n|---|---|---|")
-        for name, r, why in res:
-            if r == "fail" and name in EXPECTED_FAIL:
+        if args.grad:
+            gt = gs["pass"] + gs["fallback"] + gs["fail"]
+            print(f"Gradients: of {gt} entries with differentiable float32 samples, {gs['pass']} match natively, "
+                  f"{gs['fallback']} match with some backward op on the CPU fallback, {gs['fail']} differ.\n")
+        print("| entry | result | reason |" + (" gradients |" if args.grad else "") + "\n|---|---|---|"
+              + ("---|" if args.grad else ""))
+        for r in res:
+            name, rr, why = r[:3]
+            if rr == "fail" and name in EXPECTED_FAIL:
                 why = f"expected: {EXPECTED_FAIL[name]} ({why})"
-            print(f"| `{name}` | {r} | {why.replace('|', '/')} |")
+            grad = ""
+            if len(r) > 3:
+                gwhy = r[4]
+                if r[3] == "fail" and name in EXPECTED_GRAD_FAIL:
+                    gwhy = f"expected: {EXPECTED_GRAD_FAIL[name]} ({gwhy})"
+                grad = f" {r[3]}{(': ' + gwhy.replace('|', '/')) if r[3] in ('fail', 'fallback') else ''} |"
+            print(f"| `{name}` | {rr} | {why.replace('|', '/')} |" + grad)
     else:
-        for name, r, why in res:
-            print(f"{r:9s} {name} {why}")
-        print(counts, f"{time.time() - t0:.0f}s")
+        for r in res:
+            print(f"{r[1]:9s} {r[0]} {r[2]}" + (f"   [grad: {r[3]} {r[4]}]" if len(r) > 3 else ""))
+        print(counts, ("grad " + str(grad_summary(res))) if args.grad else "", f"{time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":
