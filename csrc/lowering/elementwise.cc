@@ -287,7 +287,7 @@ void register_elementwise() {
   add_rule("aten::log10", unary_fn([](Builder& b, Value x) { return b.mul(b.unary("log", x), k(b, M_LOG10E, x)); }));
   add_rule("aten::exp2", unary_fn([](Builder& b, Value x) { return b.unary("exponential", b.mul(x, k(b, M_LN2, x))); }));
   add_rule("aten::erf", unary_fn(erf));
-  add_rule("aten::erfc", unary_fn([](Builder& b, Value x) { return b.sub(k(b, 1, x), erf(b, x)); }));
+  add_rule("aten::erfc", unary_fn([](Builder& b, Value x) { return b.emit("chlo.erfc", {x}, x.type); }));
   add_rule("aten::sinh", unary_fn([](Builder& b, Value x) {
     return b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
   }));

@@ -90,9 +90,40 @@ Value recurrence(Ctx& c, const std::function<Value(Builder&, Value)>& p1, const 
       });
   return b.convert(out[3], c.odt());
 }
+
+// erfcx(x) = exp(x^2) erfc(x): directly below 2, else the continued fraction
+// erfc(x) exp(x^2) sqrt(pi) = 1 / (x + (1/2) / (x + 1 / (x + (3/2) / (x + ...)))) (48 levels)
+Value erfcx(Builder& b, Value x) {
+  Value direct = b.mul(b.unary("exponential", b.mul(x, x)), b.emit("chlo.erfc", {x}, x.type));
+  Value xs = b.max(x, k(b, 2, x));
+  Value f = xs;
+  for (int i = 48; i >= 1; --i) f = b.add(xs, b.div(k(b, 0.5 * i, x), f));
+  Value cf = b.div(k(b, 1.0 / std::sqrt(M_PI), x), f);
+  return b.select(b.compare(x, k(b, 2, x), Cmp::LT), direct, cf);
+}
 }  // namespace
 
 void register_special() {
+  // erfcx(x) = exp(x^2) erfc(x)
+  add_rule("aten::special_erfcx", unary_fn([](Builder& b, Value x) { return erfcx(b, x); }));
+  // log_ndtr(x) = log(Phi(x)): t = x / sqrt 2; x < -1: log(erfcx(-t) / 2) - t^2, else log1p(-erfc(t) / 2)
+  add_rule("aten::special_log_ndtr", unary_fn([](Builder& b, Value x) {
+    Value t = b.mul(x, k(b, M_SQRT1_2, x));
+    Value lo = b.sub(b.unary("log", b.mul(erfcx(b, b.neg(t)), k(b, 0.5, x))), b.mul(t, t));
+    Value hi = b.unary("log_plus_one", b.neg(b.mul(b.emit("chlo.erfc", {t}, t.type), k(b, 0.5, x))));
+    return b.select(b.compare(x, k(b, -1, x), Cmp::LT), lo, hi);
+  }));
+  // spherical j0(x) = sin(x) / x; a series below |x| = 0.5
+  add_rule("aten::special_spherical_bessel_j0", unary_fn([](Builder& b, Value x) {
+    Value x2 = b.mul(x, x);
+    double c[] = {-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800, 1.0 / 6227020800.0};
+    Value s = k(b, c[5], x);
+    for (int i = 4; i >= 0; --i) s = b.add(k(b, c[i], x), b.mul(x2, s));
+    Value series = b.add(k(b, 1, x), b.mul(x2, s));
+    Value safe = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), k(b, 1, x), x);
+    Value direct = b.div(b.unary("sine", safe), safe);
+    return b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), series, direct);
+  }));
   // Chebyshev T/U/V/W (and shifted: x -> 2x - 1), Hermite H/He, Laguerre L, Legendre P
   {
     auto two_x = [](Builder& b, Value x, Value, Value p, Value q) { return b.sub(b.mul(b.add(x, x), p), q); };
