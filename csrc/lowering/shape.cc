@@ -220,6 +220,38 @@ void register_shape() {
       Value any_nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
       return {b.select(any_nan, b.constant(NAN, x.dtype()), v)};
     });
+  // mode(x, dim, keepdim) = the smallest of the most frequent values along dim, and its last index
+  add_rule("aten::mode", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
+    if (hlo::numel(x.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1))};
+    int64_t dim = wrap_dim(c.int_or(1, -1), x.rank()), r = x.rank();
+    std::vector<int64_t> perm;
+    for (int64_t i = 0; i < r; ++i)
+      if (i != dim) perm.push_back(i);
+    perm.push_back(dim);
+    Value xt = b.transpose(x, perm);  // [.., n]
+    int64_t n = xt.shape().back();
+    Shape sq = xt.shape();
+    sq.push_back(n);
+    std::vector<int64_t> lead, a, bb;
+    for (int64_t i = 0; i < r - 1; ++i) lead.push_back(i);
+    a = lead;
+    a.push_back(r - 1);
+    bb = lead;
+    bb.push_back(r);
+    Value eq = b.compare(b.broadcast_in_dim(xt, sq, a), b.broadcast_in_dim(xt, sq, bb), hlo::Cmp::EQ);
+    Value cnt = b.reduce(b.convert(eq, DType::S64), b.constant_int(0, DType::S64), {r}, "add");  // [.., n]
+    Value best = b.reduce(cnt, b.constant_int(0, DType::S64), {r - 1}, "maximum");
+    Value cand = b.compare(cnt, b.broadcast_in_dim(best, xt.shape(), lead), hlo::Cmp::EQ);
+    Value v = b.reduce(b.select(cand, xt, b.broadcast_to(b.highest(x.dtype()), xt.shape())), b.highest(x.dtype()),
+                       {r - 1}, "minimum");
+    Value at = b.compare(xt, b.broadcast_in_dim(v, xt.shape(), lead), hlo::Cmp::EQ);
+    Value idx = b.reduce(b.select(at, b.iota(DType::S64, xt.shape(), r - 1), b.constant_int(-1, DType::S64, xt.shape())),
+                         b.constant_int(-1, DType::S64), {r - 1}, "maximum");
+    return {b.reshape(v, c.oshape(0)), b.reshape(idx, c.oshape(1))};
+  });
   add_rule("aten::tril", triangle(true));
   add_rule("aten::triu", triangle(false));
   // repeat(x, reps): broadcast into interleaved dims [r0, s0, r1, s1, ...] then merge
