@@ -666,6 +666,30 @@ void register_elementwise() {
     }
     return {b.convert(b.unary("log", b.div(x, b.sub(k(b, 1, x), x))), c.odt())};
   });
+  // logit'(x) = 1 / (x (1 - x)); with eps: 0 outside [eps, 1 - eps]
+  add_rule("aten::logit_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    Value d = b.div(g, b.mul(x, b.sub(k(b, 1, x), x)));
+    if (c.has(2)) {
+      double e = c.num(2);
+      Value out = b.binary("or", b.compare(x, k(b, e, x), Cmp::LT), b.compare(x, k(b, 1 - e, x), Cmp::GT));
+      d = b.select(out, k(b, 0, x), d);
+    } else {
+      Value out = b.binary("or", b.compare(x, k(b, 0, x), Cmp::LT), b.compare(x, k(b, 1, x), Cmp::GT));
+      d = b.select(out, k(b, NAN, x), d);
+    }
+    return {b.convert(d, c.odt())};
+  });
+  // hardsigmoid'(x) = -3 < x < 3 ? 1/6 : 0
+  add_rule("aten::hardsigmoid_backward", [](Ctx& c) -> V {
+    DType t = compute_type(c.odt());
+    Builder& b = c.b;
+    Value g = c.in_out(0, t), x = c.in_out(1, t);
+    Value in = b.binary("and", b.compare(x, k(b, -3, x), Cmp::GT), b.compare(x, k(b, 3, x), Cmp::LT));
+    return {b.convert(b.select(in, b.div(g, k(b, 6, x)), k(b, 0, x)), c.odt())};
+  });
   // hardswish'(x) = x < -3 ? 0 : x <= 3 ? (2x + 3) / 6 : 1
   add_rule("aten::hardswish_backward", [](Ctx& c) -> V {
     DType t = compute_type(c.odt());

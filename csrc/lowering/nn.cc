@@ -315,7 +315,9 @@ void register_nn() {
            [](Ctx& c) -> V { return batch_norm(c, {0, 1, 2, 3, 4}, false, 5, 6); });
   // native_batch_norm_backward(g, x, w?, rm?, rv?, save_mean?, save_invstd?, train, eps, mask)
   // train: dx = w * invstd / N * (N g - sum(g) - xhat * sum(g xhat)); eval: dx = g w invstd
-  add_rule("aten::native_batch_norm_backward", [](Ctx& c) -> V {
+  // (batch_norm_backward has the same first ten arguments; its save_var is the saved invstd)
+  for (auto name : {"aten::native_batch_norm_backward", "aten::batch_norm_backward"})
+  add_rule(name, [](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_type(c.in(1).dtype());
     Value g = b.convert(c.in(0), t), x = b.convert(c.in(1), t);

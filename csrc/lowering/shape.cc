@@ -252,6 +252,31 @@ void register_shape() {
                          b.constant_int(-1, DType::S64), {r - 1}, "maximum");
     return {b.reshape(v, c.oshape(0)), b.reshape(idx, c.oshape(1))};
   });
+  // unfold_backward(g, sizes, dim, size, step): window w's element j goes back to w * step + j (summed)
+  add_rule("aten::unfold_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt());
+    Value g = b.convert(c.in(0), t);
+    const Shape& out = c.oshape();
+    if (hlo::numel(out) == 0 || hlo::numel(g.shape()) == 0) return {b.zeros(c.odt(), out)};
+    int64_t r = static_cast<int64_t>(out.size());
+    int64_t dim = r == 0 ? 0 : wrap_dim(c.int_(2), r), size = c.int_(3), step = c.int_(4);
+    if (r == 0) return {b.convert(b.reshape(g, {}), c.odt())};
+    int64_t nw = g.shape()[dim], L = out[dim];
+    Value acc = b.zeros(t, out);
+    for (int64_t j = 0; j < size; ++j) {
+      Shape st(g.rank(), 0), lim = g.shape(), one(g.rank(), 1);
+      st.back() = j;
+      lim.back() = j + 1;
+      Value part = b.reshape(b.slice(g, st, lim, one), Shape(g.shape().begin(), g.shape().end() - 1));
+      Shape lo(r, 0), hi(r, 0), in(r, 0);
+      lo[dim] = j;
+      in[dim] = step - 1;
+      hi[dim] = L - j - ((nw - 1) * step + 1);
+      acc = b.add(acc, b.pad(part, b.zeros(t, {}), lo, hi, in));
+    }
+    return {b.convert(acc, c.odt())};
+  });
   add_rule("aten::tril", triangle(true));
   add_rule("aten::triu", triangle(false));
   // repeat(x, reps): broadcast into interleaved dims [r0, s0, r1, s1, ...] then merge
