@@ -46,9 +46,14 @@ DType result_type(const Ctx& c, std::initializer_list<size_t> idx) {
 }
 
 // ---- generic family rules
+// ops that round to an integer: the identity on integer (and bool) tensors
+bool rounds(const std::string& op) { return op == "floor" || op == "ceil" || op == "round_nearest_even"; }
+
 Rule unary(const char* op) {
   return [op](Ctx& c) -> V {
     Value x = c.in(0);
+    if (rounds(op) && !hlo::is_float(x.dtype()) && !hlo::is_complex(x.dtype())) return {c.in_out(0, c.odt())};
+    if (std::string(op) == "sign" && x.dtype() == DType::Pred) return {c.in_out(0, c.odt())};  // sign(bool) = itself
     if (hlo::is_complex(x.dtype()) && !hlo::is_complex(c.odt()))  // abs of complex: a real result
       return {c.b.emit(op, {c.b.broadcast_to(x, c.oshape())}, Type{c.odt(), c.oshape()})};
     return {c.b.unary(op, c.in_out(0, c.odt()))};
@@ -280,7 +285,10 @@ void register_elementwise() {
       {"aten::bitwise_not", "not"}, {"aten::cbrt", "cbrt"},
   };
   for (auto& [n, op] : simple) add_rule(n, unary(op));
-  add_rule("aten::trunc", unary_fn(trunc));
+  add_rule("aten::trunc", [](Ctx& c) -> V {
+    if (!hlo::is_float(c.in(0).dtype())) return {c.in_out(0, c.odt())};  // integers: unchanged
+    return unary_fn(trunc)(c);
+  });
   add_rule("aten::frac", unary_fn([](Builder& b, Value x) { return b.sub(x, trunc(b, x)); }));
   add_rule("aten::reciprocal", unary_fn([](Builder& b, Value x) { return b.div(k(b, 1, x), x); }));
   add_rule("aten::log2", unary_fn([](Builder& b, Value x) { return b.mul(b.unary("log", x), k(b, M_LOG2E, x)); }));

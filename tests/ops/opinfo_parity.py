@@ -75,6 +75,26 @@ EXPECTED_FAIL = {
 EXPECTED_GRAD_FAIL = {
 }
 
+_TIES = "the order of equal elements is unspecified (CPU and tpu pick different ones among ties)"
+_CPU_BF16_STATS = "CPU returns bfloat16 mean/invstd for bfloat16 input; CUDA and PyTorch's Meta kernel (which tpu follows) float32"
+_BF16_SUMS = "bfloat16 products accumulated in another order than CPU's kernel; differences exceed bf16 tolerance"
+# per dtype sweep: entries that fail for a documented reason (beyond EXPECTED_FAIL's layout/dtype entries)
+EXPECTED_FAIL_BY_DTYPE = {
+    torch.bfloat16: {
+        "topk": _TIES, "sort": _TIES, "argsort": _TIES,
+        "native_layer_norm": _CPU_BF16_STATS, "native_batch_norm": _CPU_BF16_STATS,
+        "_native_batch_norm_legit": _CPU_BF16_STATS, "_batch_norm_with_update": _CPU_BF16_STATS,
+        "addbmm": _BF16_SUMS, "nn.functional.conv_transpose2d": _BF16_SUMS, "nn.functional.conv_transpose3d": _BF16_SUMS,
+    },
+    torch.int64: {"topk": _TIES, "kthvalue": _TIES},
+    torch.bool: {"sort": _TIES, "argsort": _TIES,
+                 "special.zeta": "zeta(x, q) at the poles x = 1 / q = 0 of bool inputs: inf vs nan"},
+}
+
+
+def expected_fail(name, dtype=torch.float32):
+    return EXPECTED_FAIL.get(name) or EXPECTED_FAIL_BY_DTYPE.get(dtype, {}).get(name)
+
 
 def _to(x, device):
     if isinstance(x, torch.Tensor):
@@ -94,7 +114,7 @@ def _flat(x):
     return [x]
 
 
-TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+TOL = {torch.float32: 1e-4, torch.complex64: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float64: 1e-4}
 
 
 def _compare(a, b, tol=1e-4):
@@ -110,8 +130,9 @@ def _compare(a, b, tol=1e-4):
             if x.shape != y.shape:
                 return f"shape {tuple(x.shape)} vs {tuple(y.shape)}"
             xc = x.cpu()
+            t = tol if y.dtype in (torch.float32, torch.complex64) else TOL.get(y.dtype, 0)  # by result type
             try:
-                torch.testing.assert_close(xc, y, rtol=tol, atol=tol, equal_nan=True)
+                torch.testing.assert_close(xc, y, rtol=t, atol=t, equal_nan=True)
             except AssertionError as e:
                 return "values differ: " + str(e).splitlines()[0][:120]
         elif x != y and not (isinstance(x, float) and x != x and y != y):
@@ -229,7 +250,7 @@ def run_entry(op, samples, dtype=torch.float32):
         fb = torch_tpu.metrics.cpu_fallbacks()
         fell_back |= bool(fb)
         FALLBACK_OPS.update(fb.keys())
-        err = _compare(actual, expected, TOL.get(dtype, 0))
+        err = _compare(actual, expected, 1e-4)
         if err:
             return name, "fail", err
     if ran == 0:
@@ -302,8 +323,8 @@ def main():
               + ("---|" if args.grad else ""))
         for r in res:
             name, rr, why = r[:3]
-            if rr == "fail" and name in EXPECTED_FAIL:
-                why = f"expected: {EXPECTED_FAIL[name]} ({why})"
+            if rr == "fail" and expected_fail(name, DTYPES[args.dtype]):
+                why = f"expected: {expected_fail(name, DTYPES[args.dtype])} ({why})"
             grad = ""
             if len(r) > 3:
                 gwhy = r[4]
