@@ -40,7 +40,11 @@ Rule extreme(size_t dim_arg, bool is_max) {
     Value x = c.in(0);
     auto dims = reduce_dims(c, dim_arg, x.rank());
     Value init = is_max ? c.b.lowest(x.dtype()) : c.b.highest(x.dtype());
-    return {c.b.reduce(x, init, dims, is_max ? "maximum" : "minimum")};
+    Value r = c.b.reduce(x, init, dims, is_max ? "maximum" : "minimum");
+    if (!hlo::is_float(x.dtype())) return {r};
+    // the XLA CPU plugin's max/min reductions skip NaNs: put them back
+    Value nan = c.b.reduce(c.b.compare(x, x, hlo::Cmp::NE), c.b.constant_int(0, DType::Pred), dims, "or");
+    return {c.b.select(nan, c.b.constant(NAN, x.dtype(), r.shape()), r)};
   };
 }
 

@@ -312,3 +312,10 @@ def test_random_inverse_cdf(name, fn, mean, var):
     torch.manual_seed(0)
     assert torch.equal(fn(torch.empty(100000, device="tpu")).cpu(), x)
     assert not torch_tpu.metrics.cpu_fallbacks(), torch_tpu.metrics.cpu_fallbacks()
+
+
+def test_max_min_reductions_propagate_nan():
+    x = torch.tensor([[1.0, float("nan"), 3.0], [1.0, 2.0, 3.0]])
+    t = x.to("tpu")
+    for f in (lambda a: a.amax(), lambda a: a.max(), lambda a: a.amin(1), lambda a: a.min(), lambda a: a.amax(0)):
+        torch.testing.assert_close(f(t).cpu(), f(x), equal_nan=True)
