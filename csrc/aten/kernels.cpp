@@ -801,24 +801,8 @@ void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
   bool lazy_bits = src.is_conj() || src.is_neg();
   if (dst_tpu && src_tpu && dst.device() == src.device() && !lazy_bits) {
     auto& g = eng.graph(dst.device().index());
-    auto sv = view_of(src), dv = view_of(dst);
-    std::string key = "copy";
-    engine::KeyBuilder kb{key};
-    g.key_view(kb, sv);
-    g.key_view(kb, dv);
-    eng.begin_op(g, eng.tracing() ? &key : nullptr);
-    auto mark = g.mark();
-    try {
-      hlo::Value v = g.load(sv);
-      v = g.b.convert(v, dv.dtype);
-      if (v.shape() != dv.sizes) v = g.b.broadcast_to(v, dv.sizes);
-      g.store(dv, v);
-    } catch (...) {
-      g.rollback(mark);
-      throw;
-    }
-    g.note_op("aten::copy_", eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), mark.b.body,
-              std::move(key));
+    eng.copy_view(g, view_of(src), view_of(dst), "aten::copy_",
+                  eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string());
     eng.op_done(dst.device().index());
     return;
   }

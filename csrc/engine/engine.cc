@@ -746,22 +746,29 @@ void Engine::read(const View& v, void* dst) {
     // materialise the view into a fresh dense storage first
     auto tmp = std::make_shared<Storage>(n * hlo::itemsize(v.dtype), v.st->device);
     Graph& g = graph(v.st->device);
-    View out{tmp, 0, {n}, {1}, v.dtype};
-    std::string key = "read";
-    KeyBuilder kb{key};
-    g.key_view(kb, v);
-    g.key_view(kb, out);
-    begin_op(g, &key);
-    auto mark = g.mark();
-    Value x = g.load(v);
-    g.store(out, g.b.reshape(x, {n}));
-    g.note_op("read (tpu to host)", "", mark.b.body, std::move(key));
+    copy_view(g, v, View{tmp, 0, {n}, {1}, v.dtype}, "read (tpu to host)");
     flush(v.st->device);
     buf = tmp->buffer;
   }
   buf->to_host(dst, nbytes);
   metrics.d2h_transfers++;
   metrics.d2h_bytes += static_cast<int64_t>(nbytes);
+}
+
+void Engine::copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site) {
+  std::string key = "copy";
+  KeyBuilder kb{key};
+  g.key_view(kb, from);
+  g.key_view(kb, to);
+  begin_op(g, trace_on_ ? &key : nullptr);
+  auto mark = g.mark();
+  try {
+    g.store(to, g.load(from));  // store converts the type and reshapes / broadcasts
+  } catch (...) {
+    g.rollback(mark);
+    throw;
+  }
+  g.note_op(name, site, mark.b.body, std::move(key));
 }
 
 void Engine::write(const View& v, const void* src) {
@@ -785,16 +792,7 @@ void Engine::write(const View& v, const void* src) {
   tmp->typed = true;
   tmp->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
   Graph& g = graph(v.st->device);
-  View in{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype};
-  std::string key = "write";
-  KeyBuilder kb{key};
-  g.key_view(kb, in);
-  g.key_view(kb, v);
-  begin_op(g, &key);
-  auto mark = g.mark();
-  Value x = g.load(in);
-  g.store(v, x);
-  g.note_op("copy_ (host to tpu)", "", mark.b.body, std::move(key));
+  copy_view(g, View{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype}, v, "copy_ (host to tpu)");
   op_done(v.st->device);
 }
 

@@ -181,6 +181,8 @@ class Engine {
   }
   void synchronize();  // flush everything and wait for all runs
 
+  // Adds "to = from" (converted to to's type, reshaped or broadcast) to g as op `name`.
+  void copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site = "");
   // Host transfers of a view's elements, as a dense row-major block.
   void read(const View& v, void* dst);
   void write(const View& v, const void* src);

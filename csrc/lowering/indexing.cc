@@ -18,6 +18,14 @@ Value wrap_index(Builder& b, Value idx, int64_t size) {
   return b.select(b.compare(idx, zero, hlo::Cmp::LT), b.add(idx, n), idx);
 }
 
+// A 0-dim x (and its 0-dim source) as 1-element vectors; true when lifted
+bool lift_0d(Builder& b, Value& x, Value& src) {
+  if (x.rank() != 0) return false;
+  x = b.reshape(x, {1});
+  src = b.reshape(src, {1});
+  return true;
+}
+
 // Full coordinates for torch.gather/scatter style indexing: [numel(idx), rank]
 Value coords_along(Builder& b, Value idx, int64_t dim, int64_t rank) {
   Shape s = idx.shape();
@@ -381,11 +389,7 @@ void register_indexing() {
     Builder& b = c.b;
     Value x = c.in(0);
     Value src = b.convert(c.in(3), x.dtype());
-    bool scalar0 = x.rank() == 0;
-    if (scalar0) {
-      x = b.reshape(x, {1});
-      src = b.reshape(src, {1});
-    }
+    bool scalar0 = lift_0d(b, x, src);
     int64_t dim = wrap_dim(c.int_(1), x.rank());
     Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), x.shape()[dim]);
     if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
@@ -404,11 +408,7 @@ void register_indexing() {
     Value idx = c.in(2);
     if (hlo::numel(idx.shape()) == 0) return {x};
     Value src = b.convert(c.in(3), x.dtype());
-    bool scalar0 = x.rank() == 0;
-    if (scalar0) {
-      x = b.reshape(x, {1});
-      src = b.reshape(src, {1});
-    }
+    bool scalar0 = lift_0d(b, x, src);
     int64_t dim = wrap_dim(c.int_(1), x.rank());
     Value full = b.broadcast_in_dim(b.reshape(idx, {hlo::numel(idx.shape())}), src.shape(), {dim});
     Value out = reduce_into(c, x, dim, full, src, c.str(4), c.flag_or(5, true))[0];

@@ -54,7 +54,7 @@ def test_flush_triggers(trigger, fuse):
     elif trigger == "synchronize":
         torch.tpu.synchronize()
     elif trigger == "fallback":
-        torch.linalg.det(y[:4].view(2, 2))  # a CPU-fallback op reads its inputs
+        torch.linalg.svdvals(y[:4].view(2, 2))  # a CPU-fallback op reads its inputs
     elif trigger == "mode":
         torch_tpu.set_eager_mode(E.DEFER_NEVER)
         torch_tpu.set_eager_mode(E.DEFER_AND_FUSE)
