@@ -922,6 +922,24 @@ void meta_histogram(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   stack->emplace_back(edges);
 }
 
+// Meta kernels for the fused GRU cell (CUDA-only in PyTorch, so it has none):
+// forward -> (hy [B, H], workspace [B, 5H]); backward -> (d input gates [B, 3H],
+// d hidden gates [B, 3H], d hx [B, H], d input bias [3H], d hidden bias [3H]).
+void meta_gru_cell(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t nargs = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, nargs);
+  bool backward = nargs == 3;
+  at::Tensor ref = args[backward ? 0 : 2].toTensor();  // grad_hy or hx: [B, H]
+  auto o = ref.options().device(c10::kMeta);
+  int64_t B = ref.size(0), H = ref.size(1);
+  std::vector<at::Tensor> outs;
+  if (backward) outs = {at::empty({B, 3 * H}, o), at::empty({B, 3 * H}, o), at::empty({B, H}, o),
+                        at::empty({3 * H}, o), at::empty({3 * H}, o)};
+  else outs = {at::empty({B, H}, o), at::empty({B, 5 * H}, o)};
+  torch::jit::drop(*stack, nargs);
+  for (auto& t : outs) stack->emplace_back(t);
+}
+
 int register_lowered_ops() {
   static int count = -1;
   if (count >= 0) return count;
@@ -934,6 +952,11 @@ int register_lowered_ops() {
     auto h = disp.findSchema({std::string("aten::") + name, ""});
     if (h && !h->hasKernelForDispatchKey(c10::DispatchKey::Meta))
       meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&meta_like_input>());
+  }
+  for (const char* name : {"_thnn_fused_gru_cell", "_thnn_fused_gru_cell_backward"}) {
+    auto h = disp.findSchema({std::string("aten::") + name, ""});
+    if (h && !h->hasKernelForDispatchKey(c10::DispatchKey::Meta))
+      meta.impl(name, torch::CppFunction::makeFromBoxedFunction<&meta_gru_cell>());
   }
   for (const char* overload : {"bin_ct", "bins_tensor"}) {
     auto h = disp.findSchema({"aten::histogram", overload});

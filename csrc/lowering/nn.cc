@@ -298,9 +298,114 @@ V batch_norm(Ctx& c, const int (&a)[5], bool training, int mom, int eps_arg) {
   return out;
 }
 
+
+// ---- fused RNN cells (what nn.LSTM / nn.GRU run on accelerators)
+// Column block j of width h of a [B, k h] matrix.
+Value block(Builder& b, Value x, int64_t j, int64_t h) {
+  int64_t n = x.shape()[0];
+  return b.slice(x, {0, j * h}, {n, (j + 1) * h}, {1, 1});
+}
+Value sigmoid(Builder& b, Value x) { return b.unary("logistic", x); }
+Value one_minus(Builder& b, Value x) { return b.sub(b.constant(1, x.dtype(), x.shape()), x); }
+// gates = input_gates + hidden_gates (+ input_bias + hidden_bias, broadcast over the batch)
+Value bias_rows(Builder& b, Ctx& c, Value g, size_t i) {
+  return c.has(i) ? b.add(g, b.broadcast_in_dim(b.convert(c.in(i), g.dtype()), g.shape(), {1})) : g;
+}
+Value col_sum(Builder& b, Value g) { return b.reduce(g, b.zeros(g.dtype(), {}), {0}, "add"); }
 }  // namespace
 
 void register_nn() {
+  // native_group_norm_backward(g, x, mean [N, G], rstd [N, G], w?, N, C, HxW, G, mask):
+  //   over each (n, group) of M = C/G * HxW values, with xh = (x - mean) rstd and d = g w:
+  //   dx = rstd / M (M d - sum(d) - xh sum(d xh)); dw = sum_{n, hw} g xh; db = sum_{n, hw} g
+  add_rule("aten::native_group_norm_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt(0));
+    Value x0 = c.in(1);
+    int64_t N = c.int_(5), C = c.int_(6), HW = c.int_(7), G = c.int_(8), Cg = C / std::max<int64_t>(G, 1);
+    if (N * C * HW == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
+    Shape s{N, G, Cg, HW};
+    Value g = b.reshape(b.convert(c.in(0), t), s), x = b.reshape(b.convert(x0, t), s);
+    Value mean = b.broadcast_in_dim(b.convert(c.in(2), t), s, {0, 1});
+    Value rstd = b.broadcast_in_dim(b.convert(c.in(3), t), s, {0, 1});
+    Value xh = b.mul(b.sub(x, mean), rstd);
+    Value w = c.has(4) ? b.broadcast_in_dim(b.reshape(b.convert(c.in(4), t), {G, Cg}), s, {1, 2}) : Value{};
+    Value d = w.valid() ? b.mul(g, w) : g;
+    auto group_sum = [&](Value v) { return b.broadcast_in_dim(b.reduce(v, b.zeros(t, {}), {2, 3}, "add"), s, {0, 1}); };
+    double M = static_cast<double>(Cg * HW);
+    Value inner = b.sub(b.sub(b.mul(b.constant(M, t, s), d), group_sum(d)), b.mul(xh, group_sum(b.mul(d, xh))));
+    Value dx = b.mul(b.div(rstd, b.constant(M, t, s)), inner);
+    Value dw = b.reshape(b.reduce(b.mul(g, xh), b.zeros(t, {}), {0, 3}, "add"), {C});
+    Value db = b.reshape(b.reduce(g, b.zeros(t, {}), {0, 3}, "add"), {C});
+    return {b.convert(b.reshape(dx, x0.shape()), c.odt(0)), b.convert(dw, c.odt(1)), b.convert(db, c.odt(2))};
+  });
+  // _thnn_fused_lstm_cell(ig, hg, cx, ib?, hb?) -> (hy, cy, workspace = [i f g o] activated):
+  //   (i, f, g, o) = (sig, sig, tanh, sig)(ig + hg + biases); cy = f cx + i g; hy = o tanh(cy)
+  add_rule("aten::_thnn_fused_lstm_cell", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt(0));
+    Value gates = bias_rows(b, c, bias_rows(b, c, b.add(b.convert(c.in(0), t), b.convert(c.in(1), t)), 3), 4);
+    Value cx = b.convert(c.in(2), t);
+    int64_t h = cx.shape()[1];
+    Value i = sigmoid(b, block(b, gates, 0, h)), f = sigmoid(b, block(b, gates, 1, h));
+    Value g = b.unary("tanh", block(b, gates, 2, h)), o = sigmoid(b, block(b, gates, 3, h));
+    Value cy = b.add(b.mul(f, cx), b.mul(i, g));
+    Value hy = b.mul(o, b.unary("tanh", cy));
+    return {b.convert(hy, c.odt(0)), b.convert(cy, c.odt(1)), b.convert(b.concatenate({i, f, g, o}, 1), c.odt(2))};
+  });
+  // backward: with tc = tanh(cy), dc = gcy + ghy o (1 - tc^2):
+  //   d(i, f, g, o) = (dc g i(1-i), dc cx f(1-f), dc i (1-g^2), ghy tc o(1-o)); dcx = dc f
+  add_rule("aten::_thnn_fused_lstm_cell_backward_impl", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt(0));
+    Value cx = b.convert(c.in(2), t), cy = b.convert(c.in(3), t), ws = b.convert(c.in(4), t);
+    int64_t h = cx.shape()[1];
+    Value ghy = c.has(0) ? b.convert(c.in(0), t) : b.zeros(t, cx.shape());
+    Value gcy = c.has(1) ? b.convert(c.in(1), t) : b.zeros(t, cx.shape());
+    Value i = block(b, ws, 0, h), f = block(b, ws, 1, h), g = block(b, ws, 2, h), o = block(b, ws, 3, h);
+    Value tc = b.unary("tanh", cy);
+    Value dc = b.add(gcy, b.mul(b.mul(ghy, o), one_minus(b, b.mul(tc, tc))));
+    Value di = b.mul(b.mul(dc, g), b.mul(i, one_minus(b, i)));
+    Value df = b.mul(b.mul(dc, cx), b.mul(f, one_minus(b, f)));
+    Value dg = b.mul(b.mul(dc, i), one_minus(b, b.mul(g, g)));
+    Value dout = b.mul(b.mul(ghy, tc), b.mul(o, one_minus(b, o)));
+    Value dgates = b.concatenate({di, df, dg, dout}, 1);
+    Value dbias = c.flag(5) ? col_sum(b, dgates) : b.zeros(t, c.oshape(2));
+    return {b.convert(dgates, c.odt(0)), b.convert(b.mul(dc, f), c.odt(1)), b.convert(dbias, c.odt(2))};
+  });
+  // _thnn_fused_gru_cell(ig, hg, hx, ib?, hb?) -> (hy, workspace = [r z n hn hx]):
+  //   r = sig(ig_r + hg_r), z = sig(ig_z + hg_z), n = tanh(ig_n + r hn), hn = hg_n; hy = (1 - z) n + z hx
+  add_rule("aten::_thnn_fused_gru_cell", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt(0));
+    Value ig = bias_rows(b, c, b.convert(c.in(0), t), 3), hg = bias_rows(b, c, b.convert(c.in(1), t), 4);
+    Value hx = b.convert(c.in(2), t);
+    int64_t h = hx.shape()[1];
+    Value r = sigmoid(b, b.add(block(b, ig, 0, h), block(b, hg, 0, h)));
+    Value z = sigmoid(b, b.add(block(b, ig, 1, h), block(b, hg, 1, h)));
+    Value hn = block(b, hg, 2, h);
+    Value n = b.unary("tanh", b.add(block(b, ig, 2, h), b.mul(r, hn)));
+    Value hy = b.add(b.mul(one_minus(b, z), n), b.mul(z, hx));
+    return {b.convert(hy, c.odt(0)), b.convert(b.concatenate({r, z, n, hn, hx}, 1), c.odt(1))};
+  });
+  // backward: dn = ghy (1-z)(1-n^2), dz = ghy (hx - n) z(1-z), dr = dn hn r(1-r), dhx = ghy z;
+  //   d input gates = (dr, dz, dn), d hidden gates = (dr, dz, dn r)
+  add_rule("aten::_thnn_fused_gru_cell_backward", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    DType t = compute_type(c.odt(0));
+    Value ghy = b.convert(c.in(0), t), ws = b.convert(c.in(1), t);
+    int64_t h = ghy.shape()[1];
+    Value r = block(b, ws, 0, h), z = block(b, ws, 1, h), n = block(b, ws, 2, h), hn = block(b, ws, 3, h),
+          hx = block(b, ws, 4, h);
+    Value dn = b.mul(b.mul(ghy, one_minus(b, z)), one_minus(b, b.mul(n, n)));
+    Value dz = b.mul(b.mul(ghy, b.sub(hx, n)), b.mul(z, one_minus(b, z)));
+    Value dr = b.mul(b.mul(dn, hn), b.mul(r, one_minus(b, r)));
+    Value gi = b.concatenate({dr, dz, dn}, 1), gh = b.concatenate({dr, dz, b.mul(dn, r)}, 1);
+    bool bias = c.flag(2);
+    return {b.convert(gi, c.odt(0)), b.convert(gh, c.odt(1)), b.convert(b.mul(ghy, z), c.odt(2)),
+            bias ? b.convert(col_sum(b, gi), c.odt(3)) : b.zeros(c.odt(3), c.oshape(3)),
+            bias ? b.convert(col_sum(b, gh), c.odt(4)) : b.zeros(c.odt(4), c.oshape(4))};
+  });
   // native_batch_norm(x, w?, b?, running_mean?, running_var?, training, momentum, eps) and its
   // newer spellings (the same computation, other argument lists)
   for (auto n : {"aten::native_batch_norm", "aten::_native_batch_norm_legit"})
