@@ -112,8 +112,14 @@ def main():
         warm, warm_compiles, _ = first_steps(d)
     print(f"(3) first 3 train_gpt steps, DeferAndFuse: cold disk cache {cold:.2f} s ({cold_compiles} compiles), "
           f"warm {warm:.2f} s ({warm_compiles} compiles), {cold / warm:.1f}x")
+    torch_tpu._C._set_fuse_split_threads(False)
+    torch.tpu.reset_peak_memory_stats()
+    one_graph = gpt_steps("tpu", 20, E.DEFER_AND_FUSE)[0]
+    peak_1 = torch.tpu.memory_stats()["buffer_bytes.all.peak"]
+    torch_tpu._C._set_fuse_split_threads(True)
     print(f"(4) peak device-buffer bytes over the train_gpt run: Strict {peak_s / 2**20:.1f} MiB, "
-          f"DeferAndFuse {peak_f / 2**20:.1f} MiB")
+          f"DeferAndFuse {peak_f / 2**20:.1f} MiB; with TORCH_TPU_FUSE_ACROSS_THREADS=1 (one graph per step, "
+          f"no overlap) {peak_1 / 2**20:.1f} MiB at {one_graph * 1e3:.1f} ms per step")
     for name, mode in (("DeferAndFuse", E.DEFER_AND_FUSE), ("Strict", E.DEFER_NEVER)):
         res = {}
         for on in (True, False, True):  # on twice (first and last) to expose drift of the machine

@@ -62,6 +62,9 @@ def _start():
     # the trace cache: TORCH_TPU_TRACE_CACHE=0 turns it off, =verify checks it
     tc = _os.environ.get("TORCH_TPU_TRACE_CACHE", "1")
     _C._set_tracing(tc != "0", tc == "verify")
+    # DeferAndFuse keeps one graph across threads with TORCH_TPU_FUSE_ACROSS_THREADS=1
+    # (less memory; by default a new thread's ops start a new graph so parts overlap)
+    _C._set_fuse_split_threads(_os.environ.get("TORCH_TPU_FUSE_ACROSS_THREADS") != "1")
     if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
         _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))
     import atexit

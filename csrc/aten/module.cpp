@@ -339,6 +339,12 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     py_guard([] { engine::Engine::get().synchronize(); return 0; });
   });
+  // Runs the deferred graphs now without waiting for them (they execute while Python goes on).
+  m.def("_flush", [] {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py_guard([] { engine::Engine::get().flush_all(); return 0; });
+  });
   m.def("_set_mode", [](int mode) {
     py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -352,6 +358,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_cache_dir", [] { return engine::Engine::get().cache_dir(); });
   m.def("_set_fuse_limit", [](size_t n) { engine::Engine::get().set_fuse_limit(n); });
   m.def("_get_fuse_limit", [] { return engine::Engine::get().fuse_limit(); });
+  m.def("_set_fuse_split_threads", [](bool on) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Engine::get().set_split_on_thread_switch(on);
+  });
   // The trace cache (repeated op sequences are built without text; see engine.h).
   m.def("_set_tracing", [](bool on, bool verify) {
     py::gil_scoped_release nogil;

@@ -335,6 +335,13 @@ Engine& Engine::get() {
 }
 
 Graph& Engine::graph(int device) {
+  auto it = graphs_.find(device);
+  // DeferAndFuse: ops from another thread (autograd's device thread running the
+  // backward, then the optimizer back on the main thread) start a new graph; the
+  // finished part runs while the next one is being recorded.
+  if (mode_ == Mode::DeferAndFuse && split_threads_ && it != graphs_.end() && it->second && !it->second->ops.empty() &&
+      it->second->owner != std::this_thread::get_id())
+    flush(device);
   auto& g = graphs_[device];
   if (!g) g = std::make_unique<Graph>(device);
   return *g;

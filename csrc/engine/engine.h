@@ -16,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -89,7 +90,7 @@ struct KeyBuilder {
 // One deferred program on one device.
 class Graph {
  public:
-  explicit Graph(int device) : device(device) {}
+  explicit Graph(int device) : device(device), owner(std::this_thread::get_id()) {}
   Value load(const View& v);
   void store(const View& v, Value value);
   Value scalar_param(double v, bool is_int, DType t);
@@ -118,6 +119,7 @@ class Graph {
 
   hlo::Builder b;
   int device;
+  std::thread::id owner;  // the thread that issued its first op
   std::vector<std::string> ops;
   struct Site {
     std::string where;
@@ -192,6 +194,11 @@ class Engine {
   lower::Precision precision() const { return precision_; }
   void set_precision(lower::Precision p) { precision_ = p; }
 
+  // DeferAndFuse starts a new graph when ops come from another thread (default on:
+  // a training step's forward runs while autograd records the backward); off
+  // keeps one graph across threads (fewer buffers: saved activations never materialize).
+  void set_split_on_thread_switch(bool on) { split_threads_ = on; }
+  bool split_on_thread_switch() const { return split_threads_; }
   // DeferAndFuse flushes a graph once it holds this many ops.
   void set_fuse_limit(size_t n) { fuse_limit_ = n ? n : 1; }
   size_t fuse_limit() const { return fuse_limit_; }
@@ -216,6 +223,7 @@ class Engine {
   std::unordered_map<std::string, rt::BufferPtr> scalars_;
   Mode mode_ = Mode::Strict;
   size_t fuse_limit_ = 4096;
+  bool split_threads_ = true;
   lower::Precision precision_ = lower::Precision::DEFAULT;
   std::shared_ptr<const std::string> last_program_ = std::make_shared<const std::string>();
   std::string cache_dir_;
