@@ -2,6 +2,7 @@
 // indexing), index_put, index_add, embedding backward.
 // Negative indices wrap as in PyTorch; out-of-range indices are clamped by the
 // StableHLO gather semantics (PyTorch would raise; see docs/STATUS.md).
+#include <functional>
 #include <tuple>
 
 #include "lowering/lowering.h"
@@ -210,10 +211,19 @@ Value put_slices(Builder& b, Value x, int64_t dim, Value idx, Value src) {
   return b.scatter(x, coords_along(b, full, dim, x.rank()), b.reshape(src, {n}), all, "");
 }
 
-Shape slices_shape(Value x, int64_t dim, Value idx) {
+// x(0) with its slices at idx(2) along dim(1) replaced by slices(dtype, their shape)
+V replace_slices(Ctx& c, const std::function<Value(DType, const Shape&)>& slices) {
+  Builder& b = c.b;
+  Value x = b.convert(c.in(0), c.odt());
+  Value idx = c.in(2);
+  if (hlo::numel(idx.shape()) == 0) return {x};
+  bool scalar0 = x.rank() == 0;
+  if (scalar0) x = b.reshape(x, {1});
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
   Shape s = x.shape();
   s[dim] = hlo::numel(idx.shape());
-  return s;
+  Value out = put_slices(b, x, dim, idx, slices(x.dtype(), s));
+  return {scalar0 ? b.reshape(out, {}) : out};
 }
 
 
@@ -417,27 +427,11 @@ void register_indexing() {
   // index_fill(x, dim, idx, v) = x with x[.., idx[i], ..] = v
   for (auto n : {"aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor"})
     add_rule(n, [](Ctx& c) -> V {
-      Builder& b = c.b;
-      Value x = b.convert(c.in(0), c.odt());
-      if (hlo::numel(c.in(2).shape()) == 0) return {x};
-      bool scalar0 = x.rank() == 0;
-      if (scalar0) x = b.reshape(x, {1});
-      int64_t dim = wrap_dim(c.int_(1), x.rank());
-      Value v = b.broadcast_to(c.scalar(3, x.dtype()), slices_shape(x, dim, c.in(2)));
-      Value out = put_slices(b, x, dim, c.in(2), v);
-      return {scalar0 ? b.reshape(out, {}) : out};
+      return replace_slices(c, [&](DType t, const Shape& s) { return c.b.broadcast_to(c.scalar(3, t), s); });
     });
   // index_copy(x, dim, idx, src) = x with x[.., idx[i], ..] = src[.., i, ..]
   add_rule("aten::index_copy", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = b.convert(c.in(0), c.odt());
-    if (hlo::numel(c.in(2).shape()) == 0) return {x};
-    bool scalar0 = x.rank() == 0;
-    if (scalar0) x = b.reshape(x, {1});
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    Value src = b.reshape(b.convert(c.in(3), x.dtype()), slices_shape(x, dim, c.in(2)));
-    Value out = put_slices(b, x, dim, c.in(2), src);
-    return {scalar0 ? b.reshape(out, {}) : out};
+    return replace_slices(c, [&](DType t, const Shape& s) { return c.b.reshape(c.b.convert(c.in(3), t), s); });
   });
   // take(x, idx) = x.flatten()[idx]
   add_rule("aten::take", [](Ctx& c) -> V {

@@ -15,6 +15,18 @@ def tpu():
 
 
 @pytest.fixture
+def no_fallback():
+    """Fails the test if any op ran on the CPU fallback (its warning is an error)."""
+    import warnings
+
+    torch_tpu.metrics.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        yield
+    assert torch_tpu.metrics.cpu_fallbacks() == {}
+
+
+@pytest.fixture
 def highest():
     """Run matmul-like ops at HIGHEST precision (float32-class) for parity checks."""
     with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
