@@ -22,6 +22,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "aten/args.h"
 #include "aten/tpu.h"
 
 namespace tt::aten {
@@ -301,10 +302,10 @@ class OpEnv final : public lower::Env {
   OpEnv(engine::Graph& g, int device) : g_(g), device_(device) {}
   hlo::Value scalar_param(double v, bool is_int, hlo::DType t) override { return g_.scalar_param(v, is_int, t); }
   std::pair<hlo::Value, hlo::Value> rng(int64_t n) override {
+    if (g_.capture) return g_.rng_param(n);  // drawn each time the captured program runs
     auto [seed, offset] = generator_take(device_, static_cast<uint64_t>(n));
-    uint32_t key = static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x5bd1e995u);
-    return {g_.scalar_param(key, true, hlo::DType::U32),
-            g_.scalar_param(static_cast<double>(static_cast<uint32_t>(offset)), true, hlo::DType::U32)};
+    auto [key, counter] = Engine::rng_words(seed, offset);
+    return {g_.scalar_param(key, true, hlo::DType::U32), g_.scalar_param(counter, true, hlo::DType::U32)};
   }
   // `with torch.tpu.precision(p)` stashes p in PyTorch's thread-local Python
   // objects, which autograd carries to the threads that run backward ops; the
@@ -490,10 +491,12 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   Engine& eng = Engine::get();
   engine::Graph& g = eng.graph(device);
-  if (eng.tracing()) {  // the trace key: the signature plus where each tpu tensor lives in the graph
-    engine::KeyBuilder kb{key};
+  // the trace key: the signature plus where each tpu tensor lives in the graph
+  engine::Op rec{info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), true,
+                 std::move(key), {}, {}};
+  if (eng.tracing()) {
     auto add = [&](const at::Tensor& t) {
-      if (t.defined() && t.device().type() == kTpu) g.key_view(kb, view_of(t));
+      if (t.defined() && t.device().type() == kTpu) rec.views.push_back(view_of(t));
     };
     for (const auto& v : args) {
       if (v.isTensor()) add(v.toTensor());
@@ -504,143 +507,47 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           if (l.get(i).isTensor()) add(l.get(i).toTensor());
       }
     }
-    eng.begin_op(g, &key, [&](int a) -> double {
+    rec.current = [&](int a) -> double {
       if (a < 0) return static_cast<double>(OpEnv::current_precision());
       const c10::IValue& v = args[info.rule_args[a]];
       return v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : std::nan("");
-    });
-  } else {
-    eng.begin_op(g, nullptr);
-  }
-  auto mark = g.mark();
-  std::vector<at::Tensor> outs(info.ret_alias.size());
-  lower::Reads reads;
-  try {
-    std::vector<lower::Arg> largs;
-    largs.reserve(info.rule_args.size());
-    auto tensor_value = [&](const at::Tensor& t, lower::Arg& a) {
-      if (t.device().type() == kTpu) {
-        a.tensor = g.load(view_of(t));
-      } else {  // 0-dim CPU tensor: a runtime scalar
-        auto dt = to_hlo(t.scalar_type());
-        at::Scalar s = t.item();
-        double v = s.isComplex() ? s.toComplexDouble().real() : s.toDouble();
-        a.tensor = g.scalar_param(v, s.isIntegral(false), dt);
-        a.wrapped_number = t.unsafeGetTensorImpl()->is_wrapped_number();
-      }
     };
-    for (int ai : info.rule_args) {
-      const c10::IValue& v = args[ai];
-      lower::Arg a;
-      if (v.isNone()) {
-        a.kind = lower::Arg::None;
-      } else if (v.isTensor()) {
-        const at::Tensor& t = v.toTensor();
-        if (!t.defined()) {
-          a.kind = lower::Arg::None;
-        } else {
-          a.kind = lower::Arg::Tensor;
-          a.contiguous = t.is_contiguous();
-          tensor_value(t, a);
-        }
-      } else if (v.isTensorList()) {
-        a.kind = lower::Arg::TensorList;
-        for (const at::Tensor& t : v.toTensorList()) {
-          lower::Arg e;
-          tensor_value(t, e);
-          a.tensors.push_back(e.tensor);
-        }
-      } else if (v.isList()) {
-        auto l = v.toList();
-        bool tensors = false;
-        for (size_t i = 0; i < l.size(); ++i) tensors |= l.get(i).isTensor() || l.get(i).isNone();
-        if (tensors) {
-          a.kind = lower::Arg::TensorList;
-          for (size_t i = 0; i < l.size(); ++i) {
-            lower::Arg e;
-            if (l.get(i).isTensor() && l.get(i).toTensor().defined()) tensor_value(l.get(i).toTensor(), e);
-            a.tensors.push_back(e.tensor);
-          }
-        } else {
-          a.kind = lower::Arg::IntList;
-          for (size_t i = 0; i < l.size(); ++i) {
-            auto e = l.get(i);
-            if (e.isInt()) a.ints.push_back(e.toInt());
-            else if (e.isSymInt()) a.ints.push_back(e.toSymInt().expect_int());
-            else if (e.isBool()) a.ints.push_back(e.toBool());
-            else if (e.isDouble()) {
-              a.ints.push_back(static_cast<int64_t>(e.toDouble()));
-              a.reals.push_back(e.toDouble());
-            }
-          }
-        }
-      } else if (v.isBool()) {
-        a.kind = lower::Arg::Bool;
-        a.b = v.toBool();
-      } else if (v.isInt() || v.isSymInt()) {
-        auto t = schema.arguments()[ai].type();
-        bool is_scalar = t->kind() == c10::TypeKind::NumberType ||
-                         (t->kind() == c10::TypeKind::OptionalType &&
-                          t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::NumberType);
-        int64_t x = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
-        if (is_scalar) {
-          a.kind = lower::Arg::Scalar;
-          a.d = static_cast<double>(x);
-          a.scalar_is_int = true;
-        } else {
-          a.kind = lower::Arg::Int;
-          a.i = x;
-        }
-      } else if (v.isDouble()) {
-        a.kind = lower::Arg::Scalar;
-        a.d = v.toDouble();
-      } else if (v.isString()) {
-        a.kind = lower::Arg::Str;
-        a.s = v.toStringRef();
-      } else if (v.isComplexDouble()) {
-        throw lower::Unsupported("complex scalar argument");
-      } else if (v.isDevice() || v.isGenerator()) {
-        a.kind = lower::Arg::None;
-      } else {
-        a.kind = lower::Arg::None;
+  }
+  std::vector<at::Tensor> outs(info.ret_alias.size());
+  try {
+    eng.apply(g, rec, [&] {
+      OpEnv env(g, device);
+      auto largs = rule_args(schema, info.rule_args, args, env, [&](const at::Tensor& t) { return g.load(view_of(t)); });
+      std::vector<hlo::Type> out_types;
+      for (auto& m : meta.rets)
+        out_types.push_back(m.defined ? hlo::Type{to_hlo(m.dtype), m.sizes} : hlo::Type{hlo::DType::F32, {}});
+      lower::Ctx ctx(g.b, env, std::move(largs), out_types);
+      // every output empty: nothing to compute (rules need not handle 0-element operands)
+      bool all_empty = !meta.rets.empty();
+      for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
+      std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
+                                              : guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
+      lower::Reads reads = ctx.reads();
+      if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
+      TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),
+                  " values for ", meta.rets.size(), " outputs");
+      for (const auto& [ai, v] : ctx.writes()) {
+        const c10::IValue& iv = args[info.rule_args[ai]];
+        if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu)
+          guarded(info.name.c_str(), [&] { g.store(view_of(iv.toTensor()), v); return 0; });
       }
-      largs.push_back(std::move(a));
-    }
-    std::vector<hlo::Type> out_types;
-    for (auto& m : meta.rets)
-      out_types.push_back(m.defined ? hlo::Type{to_hlo(m.dtype), m.sizes} : hlo::Type{hlo::DType::F32, {}});
-    OpEnv env(g, device);
-    lower::Ctx ctx(g.b, env, std::move(largs), out_types);
-    // every output empty: nothing to compute (rules need not handle 0-element operands)
-    bool all_empty = !meta.rets.empty();
-    for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
-    std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
-                                            : guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
-    reads = ctx.reads();
-    if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
-    TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),
-                " values for ", meta.rets.size(), " outputs");
-    for (const auto& [ai, v] : ctx.writes()) {
-      const c10::IValue& iv = args[info.rule_args[ai]];
-      if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu)
-        guarded(info.name.c_str(), [&] { g.store(view_of(iv.toTensor()), v); return 0; });
-    }
-    for (size_t k = 0; k < meta.rets.size(); ++k) {
-      if (!meta.rets[k].defined) continue;
-      int a = info.ret_alias[k];
-      outs[k] = a >= 0 ? args[a].toTensor() : new_tpu_tensor(meta.rets[k], device);
-      if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_of(outs[k]), res[k]); return 0; });
-    }
+      for (size_t k = 0; k < meta.rets.size(); ++k) {
+        if (!meta.rets[k].defined) continue;
+        int a = info.ret_alias[k];
+        outs[k] = a >= 0 ? args[a].toTensor() : new_tpu_tensor(meta.rets[k], device);
+        if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_of(outs[k]), res[k]); return 0; });
+      }
+      return reads;
+    });
   } catch (const lower::Unsupported& u) {
-    g.rollback(mark);
     fallback_impl(op, stack, u.what());
     return;
-  } catch (...) {
-    g.rollback(mark);
-    throw;
   }
-  g.note_op(info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), mark.b.body,
-            std::move(key), std::move(reads));
   guarded(info.name.c_str(), [&] { eng.op_done(device); return 0; });
   torch::jit::drop(*stack, nargs);
   for (auto& t : outs) stack->emplace_back(t);
@@ -736,13 +643,14 @@ const at::Tensor& tpu_resize_(const at::Tensor& self, c10::IntArrayRef size,
     ns->typed = true;
     if (old->typed && old->numel() > 0 && (old->buffer || true)) {
       auto& g = Engine::get().graph(old->device);
-      Engine::get().begin_op(g, nullptr);
       int64_t n = old->numel();
       engine::View src{old, 0, {n}, {1}, old->dtype};
       engine::View dst{ns, 0, {n}, {1}, old->dtype};
-      g.store(dst, g.load(src));
-      g.note_op("resize_");
-      guarded("resize_", [&] { Engine::get().op_done(old->device); return 0; });
+      guarded("resize_", [&] {
+        Engine::get().copy_view(g, src, dst, "aten::resize_");
+        Engine::get().op_done(old->device);
+        return 0;
+      });
     }
     storage.set_data_ptr_noswap(std::move(fresh));
     storage.set_nbytes(needed);
@@ -861,6 +769,8 @@ int64_t tpu_fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Ten
 
 }  // namespace
 
+lower::Precision current_precision() { return OpEnv::current_precision(); }
+
 // ---------------------------------------------------------------- registration
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>()); }
 
@@ -889,13 +799,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 void inject_invalid_op(const at::Tensor& t) {
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
   auto& g = Engine::get().graph(t.device().index());
-  Engine::get().begin_op(g, nullptr);
-  auto mark = g.mark();
   auto v = view_of(t);
-  hlo::Value x = g.load(v);
-  g.b.emit("add", {x, x}, hlo::Type{x.dtype(), {hlo::numel(x.shape()) + 1}});
-  g.store(v, x);
-  g.note_op("tt::test_invalid_op", python_site(), mark.b.body);
+  engine::Op rec{"tt::test_invalid_op", python_site()};
+  Engine::get().apply(g, rec, [&] {
+    hlo::Value x = g.load(v);
+    g.b.emit("add", {x, x}, hlo::Type{x.dtype(), {hlo::numel(x.shape()) + 1}});
+    g.store(v, x);
+    return lower::Reads{};
+  });
   guarded("test op", [&] { Engine::get().op_done(t.device().index()); return 0; });
 }
 

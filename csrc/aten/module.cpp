@@ -296,6 +296,8 @@ py::dict metrics_dict() {
   d["trace_recorded"] = m.trace_recorded.load();
   d["trace_verify_failures"] = m.trace_verify_failures.load();
   d["traces"] = engine::Engine::get().trace_count();
+  d["captures"] = m.captures.load();
+  d["compiled_runs"] = m.compiled_runs.load();
   return d;
 }
 
@@ -303,15 +305,20 @@ void reset_metrics() {
   auto& m = engine::Engine::get().metrics;
   for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes, &m.disk_hits, &m.disk_misses,
                   &m.disk_writes, &m.disk_errors, &m.trace_hits, &m.trace_ops, &m.trace_exits, &m.trace_recorded,
-                  &m.trace_verify_failures,
+                  &m.trace_verify_failures, &m.captures, &m.compiled_runs,
                   &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
     *c = 0;
   aten::reset_fallback_counts();
 }
 }  // namespace
 
+namespace tt::aten {
+void bind_compiled(py::module& m);  // compiled.cpp
+}
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu C++ core";
+  aten::bind_compiled(m);
   // Loads the PJRT plugin, creates the client and registers the device hooks
   // and every lowered op. Returns the number of devices.
   m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {
@@ -320,6 +327,7 @@ PYBIND11_MODULE(_C, m) {
       auto& c = rt::Client::init(plugin, hint, cpu_devices);
       aten::set_device_count(c.num_devices());
       at::RegisterPrivateUse1HooksInterface(aten::hooks());
+      engine::Engine::get().set_rng_source(&aten::generator_take);
       aten::register_lowered_ops();
       return c.num_devices();
     });

@@ -49,6 +49,9 @@ void reset_fallback_counts();
 std::vector<std::string> composed_op_names();
 bool expand_mask_indices(const at::Tensor& self, c10::List<std::optional<at::Tensor>>& indices);
 
+// The matmul precision in effect on this thread (torch.tpu.precision, else the process-wide mode).
+lower::Precision current_precision();
+
 // Live bytes of tpu storages (what memory_allocated reports) and the peak.
 int64_t allocated_bytes();
 int64_t peak_allocated_bytes();

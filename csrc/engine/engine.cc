@@ -164,12 +164,16 @@ Value Graph::flat(const StoragePtr& st, DType as) {
     Entry e;
     e.st = st;
     Type t{st->dtype, {st->numel()}};
-    if (st->buffer) {
+    auto ext = external_.find(st.get());
+    bool input = ext != external_.end() && ext->second.kind == Slot::Kind::Input;
+    if (st->buffer || input) {
       e.param = static_cast<int>(params_.size());
       e.cur = b.param(t);
-      Param p;
-      p.entry = static_cast<int>(entries_.size());
-      params_.push_back(p);
+      Binding p;
+      p.kind = input ? Binding::Kind::Input : Binding::Kind::Storage;
+      p.st = st;
+      if (input) p.index = ext->second.index;
+      params_.push_back(std::move(p));
     } else {
       e.cur = b.zeros(st->dtype, t.shape);
     }
@@ -313,6 +317,12 @@ void Graph::key_view(KeyBuilder& kb, const View& v) const {
 
 void Graph::rollback(const Mark& m) {
   b.rollback(m.b);
+  if (m.ops < ops.size()) {
+    ops.resize(m.ops);
+    sites.resize(m.ops);
+    keys.resize(m.ops);
+    reads.resize(m.ops);
+  }
   for (size_t i = m.entries; i < entries_.size(); ++i) index_.erase(entries_[i].st.get());
   entries_.resize(m.entries);
   params_.resize(m.params);
@@ -320,12 +330,29 @@ void Graph::rollback(const Mark& m) {
 }
 
 Value Graph::scalar_param(double v, bool is_int, DType t) {
-  Param p;
+  Binding p;
+  p.kind = Binding::Kind::Scalar;
   p.v = v;
   p.is_int = is_int;
   p.t = t;
   params_.push_back(p);
   return b.param(Type{t, {}});
+}
+
+std::pair<Value, Value> Graph::rng_param(int64_t n) {
+  Binding p;
+  p.kind = Binding::Kind::Rng;
+  p.n = n;
+  p.t = DType::U32;
+  params_.push_back(p);
+  Value key = b.param(Type{DType::U32, {}});
+  p.index = 1;
+  params_.push_back(p);
+  return {key, b.param(Type{DType::U32, {}})};
+}
+
+void Graph::bind_external(const StoragePtr& st, Slot::Kind kind, int index) {
+  external_[st.get()] = Slot{kind, st, index};
 }
 
 // ---------------------------------------------------------------- Engine
@@ -339,12 +366,47 @@ Graph& Engine::graph(int device) {
   // DeferAndFuse: ops from another thread (autograd's device thread running the
   // backward, then the optimizer back on the main thread) start a new graph; the
   // finished part runs while the next one is being recorded.
-  if (mode_ == Mode::DeferAndFuse && split_threads_ && it != graphs_.end() && it->second && !it->second->ops.empty() &&
-      it->second->owner != std::this_thread::get_id())
+  if (mode_ == Mode::DeferAndFuse && split_threads_ && it != graphs_.end() && it->second && !it->second->capture &&
+      !it->second->ops.empty() && it->second->owner != std::this_thread::get_id())
     flush(device);
   auto& g = graphs_[device];
   if (!g) g = std::make_unique<Graph>(device);
   return *g;
+}
+
+void Engine::begin_capture(int device) {
+  flush(device);
+  auto g = std::make_unique<Graph>(device);
+  g->capture = true;
+  g->traceable = false;
+  graphs_[device] = std::move(g);
+  capture_broken_ = false;
+}
+
+std::unique_ptr<Graph> Engine::end_capture(int device) {
+  auto it = graphs_.find(device);
+  if (it == graphs_.end() || !it->second || !it->second->capture) return nullptr;
+  std::unique_ptr<Graph> g = std::move(it->second);
+  graphs_.erase(it);
+  capture_broken_ = false;
+  return g;
+}
+
+void Engine::zero_fill(Storage& st) {
+  if (st.buffer) return;
+  if (!st.typed) {
+    st.dtype = DType::U8;
+    st.typed = true;
+  }
+  std::vector<char> zeros(static_cast<size_t>(st.nbytes), 0);
+  st.buffer = rt::Client::get().from_host(zeros.data(), pjrt_type(st.dtype), {st.numel()}, st.device);
+  metrics.h2d_transfers++;
+  metrics.h2d_bytes += st.nbytes;
+}
+
+Graph* Engine::capture_graph(int device) {
+  auto it = graphs_.find(device);
+  return it != graphs_.end() && it->second && it->second->capture ? it->second.get() : nullptr;
 }
 
 void Engine::set_mode(Mode m) {
@@ -354,6 +416,7 @@ void Engine::set_mode(Mode m) {
 
 void Engine::op_done(int device) {
   metrics.ops++;
+  if (capture_graph(device)) return;
   if (mode_ == Mode::DeferAndFuse) {
     auto it = graphs_.find(device);
     if (it != graphs_.end() && it->second && it->second->ops.size() >= fuse_limit_) flush(device);
@@ -624,8 +687,7 @@ void Engine::leave_trace(Graph& g) {
   metrics.trace_exits++;
 }
 
-void Engine::record_trace(Graph& g, const std::vector<int>& outs, const std::vector<std::pair<int, int>>& aliases,
-                          rt::ExecutablePtr exe, std::shared_ptr<const std::string> text) {
+void Engine::record_trace(Graph& g, const std::vector<int>& outs, const Program& p) {
   if (!trace_on_ || !g.traceable || g.ops.empty()) return;
   auto t = std::make_shared<Trace>();
   t->keys = std::move(g.keys);
@@ -634,9 +696,9 @@ void Engine::record_trace(Graph& g, const std::vector<int>& outs, const std::vec
   t->body = g.b.body_text();
   t->marks.push_back(t->body.size());
   t->outs = outs;
-  t->aliases = aliases;
-  t->exe = std::move(exe);
-  t->text = std::move(text);
+  t->aliases = p.donations;
+  t->exe = p.exe;
+  t->text = p.text;
   if (trace_count_ >= 4096) clear_traces();
   auto& bucket = traces_[t->keys[0]];
   for (auto it = bucket.begin(); it != bucket.end(); ++it)
@@ -654,29 +716,104 @@ void Engine::record_trace(Graph& g, const std::vector<int>& outs, const std::vec
   metrics.trace_recorded++;
 }
 
+void Engine::collect_results(Graph& g, Program& p, std::vector<int>& entries, std::vector<Value>& values) {
+  // The storages written and still alive. An overwritten storage whose buffer
+  // nothing else holds donates it to its new value (in-place updates do not
+  // double memory).
+  p.device = g.device;
+  for (size_t i = 0; i < g.entries_.size(); ++i) {
+    auto& e = g.entries_[i];
+    if (!e.written || !e.st->alive.load()) continue;
+    auto ext = g.external_.find(e.st.get());
+    // a capture returns what its inputs and outputs stand for, and storages
+    // that existed before it; what it created and did not return is internal
+    if (g.capture && ext == g.external_.end() && e.param < 0) continue;
+    if (e.param >= 0 && e.st->buffer && e.st->buffer.use_count() == 1 &&
+        e.cur.type == Type{e.st->dtype, {e.st->numel()}})
+      p.donations.emplace_back(e.param, static_cast<int>(values.size()));
+    p.results.push_back(ext != g.external_.end() ? ext->second : Slot{Slot::Kind::Storage, e.st, 0});
+    entries.push_back(static_cast<int>(i));
+    values.push_back(e.cur);
+  }
+  p.params = g.params_;
+}
+
+void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
+  for (auto& [param, result] : p.donations) g.b.alias(param, result);
+  p.text = std::make_shared<const std::string>(g.b.module(values));
+  metrics.program_bytes += static_cast<int64_t>(p.text->size());
+  last_program_ = p.text;
+  try {
+    p.exe = compile(*p.text);
+  } catch (const rt::Error& err) {
+    throw rt::Error(describe_failure(g, err.what()), err.code());
+  }
+}
+
+Program Engine::build(Graph& g) {
+  Program p;
+  std::vector<int> entries;
+  std::vector<Value> values;
+  collect_results(g, p, entries, values);
+  finish(g, p, values);
+  return p;
+}
+
+void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const std::vector<StoragePtr>& outputs) {
+  auto storage = [&](const StoragePtr& st, Slot::Kind kind, int index) -> const StoragePtr& {
+    if (kind == Slot::Kind::Storage) return st;
+    const auto& v = kind == Slot::Kind::Input ? inputs : outputs;
+    if (index < 0 || static_cast<size_t>(index) >= v.size()) throw rt::Error("torch_tpu: a program ran with too few tensors");
+    return v[index];
+  };
+  std::vector<rt::BufferPtr> keep;
+  std::vector<PJRT_Buffer*> args;
+  keep.reserve(p.params.size());
+  args.reserve(p.params.size());
+  std::pair<uint32_t, uint32_t> draw{0, 0};
+  for (const auto& b : p.params) {
+    rt::BufferPtr buf;
+    switch (b.kind) {
+      case Binding::Kind::Storage:
+      case Binding::Kind::Input: {
+        const StoragePtr& st = storage(b.st, b.kind == Binding::Kind::Input ? Slot::Kind::Input : Slot::Kind::Storage, b.index);
+        buf = st->buffer;
+        if (!buf) throw rt::Error("torch_tpu: a program input has no device buffer");
+        break;
+      }
+      case Binding::Kind::Scalar: buf = scalar_buffer(b.v, b.is_int, b.t, p.device); break;
+      case Binding::Kind::Rng:
+        if (b.index == 0) {
+          if (!rng_source_) throw rt::Error("torch_tpu: no device generator");
+          auto [seed, offset] = rng_source_(p.device, static_cast<uint64_t>(b.n));
+          draw = rng_words(seed, offset);
+        }
+        buf = scalar_buffer(b.index == 0 ? draw.first : draw.second, true, DType::U32, p.device);
+        break;
+    }
+    args.push_back(buf->get());
+    keep.push_back(std::move(buf));
+  }
+  auto outs = p.exe->execute(p.device, args);
+  metrics.executions++;
+  for (size_t i = 0; i < p.results.size(); ++i) storage(p.results[i].st, p.results[i].kind, p.results[i].index)->buffer = outs[i];
+}
+
 void Engine::flush(int device) {
   auto it = graphs_.find(device);
   if (it == graphs_.end() || !it->second) return;
+  if (it->second->capture) {
+    capture_broken_ = true;
+    throw CaptureBreak("torch_tpu: this op needs the values of a graph being captured for torch.compile");
+  }
   std::unique_ptr<Graph> g = std::move(it->second);
   graphs_.erase(it);
   if (!g->has_stores()) return;
-  // outputs: the storages written and still alive. An overwritten storage whose
-  // buffer nothing else holds donates it to its new value (in-place updates do
-  // not double memory).
+  Program p;
   std::vector<int> out_entries;
-  std::vector<std::pair<int, int>> aliases;
-  std::vector<Value> results;
-  for (size_t i = 0; i < g->entries_.size(); ++i) {
-    auto& e = g->entries_[i];
-    if (e.written && e.st->alive.load()) {
-      if (e.param >= 0 && e.st->buffer && e.st->buffer.use_count() == 1 &&
-          e.cur.type == Type{e.st->dtype, {e.st->numel()}})
-        aliases.emplace_back(e.param, static_cast<int>(results.size()));
-      out_entries.push_back(static_cast<int>(i));
-      results.push_back(e.cur);
-    }
-  }
-  if (results.empty()) {
+  std::vector<Value> values;
+  collect_results(*g, p, out_entries, values);
+  if (values.empty()) {
     if (g->trace) metrics.trace_exits++;
     return;
   }
@@ -689,25 +826,15 @@ void Engine::flush(int device) {
       acc += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
     }
   } timer{t_start, metrics.flush_ns};
-  auto run = [&](const rt::ExecutablePtr& exe) {
-    std::vector<rt::BufferPtr> keep;
-    std::vector<PJRT_Buffer*> args;
-    for (auto& p : g->params_) {
-      rt::BufferPtr buf = p.entry >= 0 ? g->entries_[p.entry].st->buffer : scalar_buffer(p.v, p.is_int, p.t, device);
-      keep.push_back(buf);
-      args.push_back(buf->get());
-    }
-    auto outs = exe->execute(device, args);
-    metrics.executions++;
-    for (size_t i = 0; i < out_entries.size(); ++i) g->entries_[out_entries[i]].st->buffer = outs[i];
-  };
   const Trace* t = g->trace.get();
-  if (t && g->ops.size() == t->keys.size() && out_entries == t->outs && aliases == t->aliases) {
+  if (t && g->ops.size() == t->keys.size() && out_entries == t->outs && p.donations == t->aliases) {
     metrics.trace_hits++;
     metrics.trace_ops += static_cast<int64_t>(g->ops.size());
     if (g->b.dry()) {  // the recorded program, without text
       last_program_ = t->text;
-      run(t->exe);
+      p.exe = t->exe;
+      p.text = t->text;
+      run(p);
       return;
     }
     if (g->b.body_text() != t->body) {
@@ -721,18 +848,9 @@ void Engine::flush(int device) {
     }
   }
   leave_trace(*g);
-  for (auto& [p, r] : aliases) g->b.alias(p, r);
-  auto text = std::make_shared<const std::string>(g->b.module(results));
-  metrics.program_bytes += static_cast<int64_t>(text->size());
-  last_program_ = text;
-  rt::ExecutablePtr exe;
-  try {
-    exe = compile(*text);
-  } catch (const rt::Error& err) {
-    throw rt::Error(describe_failure(*g, err.what()), err.code());
-  }
-  run(exe);
-  record_trace(*g, out_entries, aliases, exe, text);
+  finish(*g, p, values);
+  run(p);
+  record_trace(*g, out_entries, p);
 }
 
 void Engine::read(const View& v, void* dst) {
@@ -763,19 +881,31 @@ void Engine::read(const View& v, void* dst) {
 }
 
 void Engine::copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site) {
-  std::string key = "copy";
-  KeyBuilder kb{key};
-  g.key_view(kb, from);
-  g.key_view(kb, to);
-  begin_op(g, trace_on_ ? &key : nullptr);
-  auto mark = g.mark();
-  try {
+  Op op{name, site, true, "copy", {from, to}, {}};
+  apply(g, op, [&] {
     g.store(to, g.load(from));  // store converts the type and reshapes / broadcasts
+    return lower::Reads{};
+  });
+}
+
+void Engine::apply(Graph& g, Op& op, const std::function<lower::Reads()>& body) {
+  if (op.keyed && trace_on_) {
+    KeyBuilder kb{op.key};
+    for (const auto& v : op.views) g.key_view(kb, v);
+    begin_op(g, &op.key, op.current);
+  } else {
+    op.key.clear();
+    begin_op(g, nullptr);
+  }
+  auto mark = g.mark();
+  lower::Reads reads;
+  try {
+    reads = body();
   } catch (...) {
     g.rollback(mark);
     throw;
   }
-  g.note_op(name, site, mark.b.body, std::move(key));
+  g.note_op(op.name, op.site, mark.b.body, std::move(op.key), std::move(reads));
 }
 
 void Engine::write(const View& v, const void* src) {
@@ -787,7 +917,7 @@ void Engine::write(const View& v, const void* src) {
   metrics.h2d_bytes += nbytes;
   bool whole = (!v.st->typed || v.st->dtype == v.dtype) && v.offset == 0 &&
                n * hlo::itemsize(v.dtype) == v.st->nbytes && row_major(v.sizes, v.strides);
-  if (whole) {
+  if (whole && !capture_graph(v.st->device)) {
     flush(v.st->device);  // pending writes to this storage happen before the upload
     v.st->dtype = v.dtype;
     v.st->typed = true;

@@ -51,6 +51,50 @@ struct View {
 
 enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
 
+// How a program parameter gets its buffer when the program runs.
+struct Binding {
+  enum class Kind : uint8_t { Storage, Input, Scalar, Rng };
+  Kind kind = Kind::Scalar;
+  StoragePtr st;  // Storage: the storage's buffer
+  int index = 0;  // Input: the runtime input's number; Rng: 0 = key, 1 = counter of one draw
+  double v = 0;   // Scalar: the value, uploaded as a scalar of type t
+  bool is_int = false;
+  DType t = DType::F32;
+  int64_t n = 0;  // Rng: random words drawn from the device generator per run
+};
+
+// Where a program result goes: a storage, or the storage of runtime input or
+// output `index` (a compiled graph is built once and bound per call).
+struct Slot {
+  enum class Kind : uint8_t { Storage, Input, Output };
+  Kind kind = Kind::Storage;
+  StoragePtr st;
+  int index = 0;
+};
+
+// A compiled program and how it is bound: every flush builds one, and a
+// compiled graph keeps one for all its calls. Engine::run executes it.
+struct Program {
+  int device = 0;
+  rt::ExecutablePtr exe;
+  std::shared_ptr<const std::string> text;
+  std::vector<Binding> params;
+  std::vector<Slot> results;
+  std::vector<std::pair<int, int>> donations;  // (param, result)
+};
+
+// A rule's view of the engine while it is applied to a graph (see Graph::apply).
+struct Op {
+  std::string name;          // "aten::add.Tensor" (names the op in errors)
+  std::string site;          // the Python line that issued it, or ""
+  // Trace key: `key` followed by each of `views` (storage identity, layout,
+  // type); keyed = false for an op the trace cache cannot recognise.
+  bool keyed = false;
+  std::string key;
+  std::vector<View> views;
+  std::function<double(int)> current;  // the value a read of argument i would see now (-1: precision)
+};
+
 struct Metrics {
   std::atomic<int64_t> compiles{0}, cache_hits{0}, cache_misses{0}, executions{0}, ops{0};
   std::atomic<int64_t> h2d_transfers{0}, h2d_bytes{0}, d2h_transfers{0}, d2h_bytes{0};
@@ -59,6 +103,8 @@ struct Metrics {
   // traces: flushes run from a recorded trace without program text, ops built
   // dry, traces left before their end, and (verify mode) text mismatches
   std::atomic<int64_t> trace_hits{0}, trace_ops{0}, trace_exits{0}, trace_recorded{0}, trace_verify_failures{0};
+  // compiled mode: graphs captured into programs, and runs of those programs
+  std::atomic<int64_t> captures{0}, compiled_runs{0};
 };
 
 // A recorded op sequence: the key of each op (everything its program text
@@ -94,13 +140,20 @@ class Graph {
   Value load(const View& v);
   void store(const View& v, Value value);
   Value scalar_param(double v, bool is_int, DType t);
+  // Two u32 parameters (generator key, counter base) drawn from the device
+  // generator each time the program runs (n words per run).
+  std::pair<Value, Value> rng_param(int64_t n);
   bool has_stores() const { return stores_ > 0; }
+  // Capture (compiled graphs): storage st stands for the storage of runtime
+  // input or output `index` of a program built once and run many times.
+  void bind_external(const StoragePtr& st, Slot::Kind kind, int index);
+  bool capture = false;  // a capture graph: never flushed, built into a Program
   struct Mark {
     hlo::Builder::Mark b;
-    size_t entries = 0, params = 0;
+    size_t entries = 0, params = 0, ops = 0;
     int stores = 0;
   };
-  Mark mark() const { return Mark{b.mark(), entries_.size(), params_.size(), stores_}; }
+  Mark mark() const { return Mark{b.mark(), entries_.size(), params_.size(), ops.size(), stores_}; }
   void rollback(const Mark& m);
   // Records an op of this graph: its name, the Python line that issued it (or
   // ""), and where its text starts (a Builder::mark taken before it was lowered).
@@ -139,16 +192,11 @@ class Graph {
     int param = -1;  // program parameter index of the storage's incoming buffer
     bool written = false;
   };
-  struct Param {
-    int entry = -1;  // storage parameter, or a scalar:
-    double v = 0;
-    bool is_int = false;
-    DType t = DType::F32;
-  };
   Value flat(const StoragePtr& st, DType as);
   std::vector<Entry> entries_;
   std::unordered_map<Storage*, int> index_;
-  std::vector<Param> params_;
+  std::vector<Binding> params_;  // per program parameter
+  std::unordered_map<const Storage*, Slot> external_;
   int stores_ = 0;
 };
 
@@ -157,10 +205,43 @@ class Engine {
   static Engine& get();
 
   Graph& graph(int device);
+  // Capture: the ops issued for `device` until end_capture go into a graph
+  // that is never run; end_capture returns it (Engine::build makes it a
+  // Program bound to runtime inputs and outputs). Whatever would flush it (a
+  // host read, the CPU fallback) throws CaptureBreak instead and sets
+  // capture_broken(), after which the capture should be rolled back to a mark.
+  void begin_capture(int device);
+  std::unique_ptr<Graph> end_capture(int device);
+  Graph* capture_graph(int device);
+  bool capture_broken() const { return capture_broken_; }
+  void clear_capture_break() { capture_broken_ = false; }
+  // Gives a storage that was never written (it reads as zeros) a zero buffer.
+  void zero_fill(Storage& st);
+
   // Called after each op: flushes in Strict and Debug modes (Debug also waits).
   void op_done(int device);
   void flush(int device);
   void flush_all();
+
+  // The op transaction: runs `body` (loads, the rule, stores) as the next op of
+  // g. It keys the op for the trace cache, marks the graph, rolls it back if
+  // body throws, and records the op with the numbers its rule read (body's
+  // result). Every op of every front end goes through here.
+  void apply(Graph& g, Op& op, const std::function<lower::Reads()>& body);
+  // A standalone graph (not a device's current one) as a program: its results
+  // are its written entries; compiled or taken from the cache. Not run.
+  Program build(Graph& g);
+  // Executes p: parameters from their bindings (`inputs` for Input bindings),
+  // each result bound to its slot's storage (`inputs` / `outputs` for theirs).
+  void run(const Program& p, const std::vector<StoragePtr>& inputs = {}, const std::vector<StoragePtr>& outputs = {});
+  // Draws n words from device d's generator: (seed, offset before). Set by the
+  // PyTorch layer, which owns the generators.
+  using RngSource = std::function<std::pair<uint64_t, uint64_t>(int, uint64_t)>;
+  void set_rng_source(RngSource f) { rng_source_ = std::move(f); }
+  // (key, counter) parameter values for a draw of (seed, offset).
+  static std::pair<uint32_t, uint32_t> rng_words(uint64_t seed, uint64_t offset) {
+    return {static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x5bd1e995u), static_cast<uint32_t>(offset)};
+  }
 
   // Called before op number g.ops.size() touches g. `key` names everything the
   // op's text depends on apart from the numbers its rule reads, which
@@ -227,14 +308,26 @@ class Engine {
   lower::Precision precision_ = lower::Precision::DEFAULT;
   std::shared_ptr<const std::string> last_program_ = std::make_shared<const std::string>();
   std::string cache_dir_;
+  RngSource rng_source_;
+  bool capture_broken_ = false;
+  // The results of g (written, live entries) and their donations into p; the
+  // entries they come from into `entries` and their values into `values`.
+  void collect_results(Graph& g, Program& p, std::vector<int>& entries, std::vector<Value>& values);
+  // Program text of g returning `values`, compiled (or from the caches) into p.
+  void finish(Graph& g, Program& p, const std::vector<Value>& values);
   void leave_trace(Graph& g);
-  void record_trace(Graph& g, const std::vector<int>& outs, const std::vector<std::pair<int, int>>& aliases,
-                    rt::ExecutablePtr exe, std::shared_ptr<const std::string> text);
+  void record_trace(Graph& g, const std::vector<int>& outs, const Program& p);
   std::unordered_map<std::string, std::vector<std::shared_ptr<const Trace>>> traces_;  // by first key
   size_t trace_count_ = 0;
   bool trace_on_ = true, trace_verify_ = false;
   rt::ExecutablePtr disk_load(const std::string& text);
   void disk_store(const std::string& text, const rt::Executable& exe);
+};
+
+// Thrown where a capture graph would have to run (see Engine::begin_capture).
+class CaptureBreak : public rt::Error {
+ public:
+  using rt::Error::Error;
 };
 
 PJRT_Buffer_Type pjrt_type(DType t);

@@ -1,0 +1,381 @@
+"""Compiled mode: the `torch.compile` backend "tpu".
+
+    model = torch.compile(model, backend="tpu")   # or plain torch.compile(model): see below
+
+Dynamo captures the Python code into FX graphs, AOTAutograd splits training
+graphs into a forward and a backward graph, and each graph is compiled here
+into one program: its nodes run through the same kernels (Meta kernels,
+lowering rules, views as loads and stores) as eager mode, on stand-in tpu
+tensors whose storages stand for the graph's inputs, and what they build is
+compiled once by the PJRT plugin. Each later call is one program execution
+over the callers' buffers, with no per-op dispatch.
+
+A node the capture cannot hold -- an op without a lowering (it would take the
+CPU fallback), an op on CPU tensors, an op that needs data on the host -- runs
+eagerly between programs ("eager nodes", counted in torch_tpu.metrics). Random
+ops draw from the device generator on every call. Shapes are static: a new
+input shape is a new program (`dynamic=True` is honoured by compiling one
+program per shape, with a warning).
+"""
+import operator
+import threading
+import warnings
+
+import torch
+import torch.fx
+
+from . import _C
+
+__all__ = ["tpu_backend", "stats"]
+
+_stats = {"graphs": 0, "eager_nodes": 0, "eager_graphs": 0, "captures": 0}
+_lock = threading.RLock()
+
+
+def stats():
+    """Counters of compiled mode: graphs compiled, eager nodes among them, graphs run entirely eagerly."""
+    return dict(_stats)
+
+
+def _is_tpu(x):
+    return isinstance(x, torch.Tensor) and x.device.type == "tpu"
+
+
+def _vals(node):
+    """The FakeTensors (or other values) a node produces, flattened."""
+    v = node.meta.get("val", node.meta.get("example_value"))
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    return [v]
+
+
+def _on_tpu(node):
+    return any(_is_tpu(v) for v in _vals(node))
+
+
+def _mutates(node):
+    t = node.target
+    schema = getattr(t, "_schema", None)
+    if schema is None:
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _stand_in(val, device):
+    """A tpu tensor laid out like `val` (a FakeTensor or a real tensor) over a storage of the same size."""
+    if val.device.type != "tpu":  # a CPU value a tpu op reads: uploaded at run time
+        return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
+    nbytes = val.untyped_storage().nbytes()
+    n = max(nbytes // val.element_size(), 0)
+    base = torch.empty(n, dtype=val.dtype, device=device)
+    return base.as_strided(val.shape, val.stride(), val.storage_offset())
+
+
+class _Segment:
+    """Tpu nodes of one stage, captured into one program."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes  # in graph order
+        self.inputs = []    # nodes whose values the program reads, in input order
+        self.outputs = []   # nodes (or None) whose values it returns, in output order
+        self.program = None
+
+
+class _Variant:
+    """One capture of a graph (for one precision mode and one set of input shapes)."""
+
+    def __init__(self, steps, single, static):
+        self.steps = steps    # [("host", node) | ("program", segment)]
+        self.single = single  # (program, input indices): the whole graph is one program over its inputs
+        self.static = static  # node -> value fixed for this variant (shape arithmetic)
+
+
+class _Restart(Exception):
+    """A node could not be captured: plan again with it on the host."""
+
+
+class CompiledGraph:
+    """The callable AOTAutograd gets for one FX graph (boxed or unboxed arguments)."""
+
+    def __init__(self, gm, example_inputs, name):
+        self._boxed_call = True  # an instance attribute: wrappers (functools.wraps) copy it
+        self.gm = gm
+        self.name = name
+        self.nodes = list(gm.graph.nodes)
+        self.calls = [n for n in self.nodes if n.op == "call_function"]
+        self.placeholders = [n for n in self.nodes if n.op == "placeholder"]
+        out = next(n for n in reversed(self.nodes) if n.op == "output").args[0]
+        self.out_args = list(out) if isinstance(out, (list, tuple)) else [out]
+        self.order = {n: i for i, n in enumerate(self.nodes)}
+        self.device = self._device(example_inputs)
+        self.dynamic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
+            isinstance(s, torch.SymInt) for s in x.shape)) for x in example_inputs)
+        if self.dynamic:
+            warnings.warn("torch_tpu: compiled graphs have static shapes; with dynamic=True or mark_dynamic, each "
+                          "new input shape compiles a new program", stacklevel=2)
+        self.variants = {}
+        self.host_forced = set()  # nodes the capture could not hold
+        _stats["graphs"] += 1
+
+    def _device(self, example_inputs):
+        for x in example_inputs:
+            if _is_tpu(x):
+                return x.device.index or 0
+        for n in self.nodes:
+            for v in _vals(n):
+                if _is_tpu(v):
+                    return v.device.index or 0
+        return torch.tpu.current_device()
+
+    def device_obj(self):
+        return torch.device("tpu", self.device)
+
+    # ------------------------------------------------------------ calls
+    def __call__(self, *args):
+        if len(args) == 1 and isinstance(args[0], list):  # boxed: one list of arguments
+            args = args[0]
+        key = self._key(args)
+        v = self.variants.get(key)
+        if v is None:
+            with _lock:
+                v = self.variants.get(key)
+                if v is None:
+                    v = self._capture(args)
+                    self.variants[key] = v
+        if v.single is not None:
+            prog, idx = v.single
+            return prog.run([args[i] for i in idx])
+        return self._interpret(v, args)
+
+    def _key(self, args):
+        key = []
+        if self.dynamic:
+            for a in args:
+                key.append(tuple(a.shape) if isinstance(a, torch.Tensor) else a)
+        # the precision mode shapes every contraction: a graph with matmuls has one program per mode
+        key.append(_C._current_precision())
+        return tuple(key)
+
+    # ------------------------------------------------------------ planning
+    def _kinds(self, static):
+        kind = {}
+        for n in self.calls:
+            if n in static:
+                kind[n] = "static"
+            elif n in self.host_forced:
+                kind[n] = "host"
+            elif n.target is operator.getitem:
+                kind[n] = kind.get(n.args[0], "host")
+            else:
+                kind[n] = "tpu" if _on_tpu(n) else "host"
+        return kind
+
+    def _deps(self):
+        """Each call's producers, plus ordering around mutations: a node that writes
+        an input comes after the other readers before it and before the readers after it."""
+        deps = {n: [p for p in n.all_input_nodes if p.op == "call_function"] for n in self.calls}
+        for n in self.calls:
+            if not _mutates(n) or not n.args or not isinstance(n.args[0], torch.fx.Node):
+                continue
+            for u in n.args[0].users:
+                if u is n or u not in deps:
+                    continue
+                if self.order[u] < self.order[n]:
+                    deps[n].append(u)
+                else:
+                    deps[u].append(n)
+        return deps
+
+    def _plan(self, static):
+        """Stages: even ones run on the host, odd ones are programs; each node
+        takes the earliest stage of its kind after everything it depends on."""
+        kind = self._kinds(static)
+        deps = self._deps()
+        stage = {}
+        for n in self.calls:
+            if kind[n] == "static":
+                continue
+            s = 1 if kind[n] == "tpu" else 0
+            for p in deps[n]:
+                if p in stage:
+                    s = max(s, stage[p] if kind[p] == kind[n] else stage[p] + 1)
+            if (s % 2 == 1) != (kind[n] == "tpu"):
+                s += 1
+            stage[n] = s
+        steps = []
+        for s in sorted(set(stage.values())):
+            members = [n for n in self.calls if stage.get(n) == s]
+            if s % 2 == 0:
+                steps += [("host", n) for n in members]
+            else:
+                steps.append(("program", _Segment(members)))
+        return steps
+
+    def _static_values(self, args):
+        """Non-tensor results computable from the inputs alone (shape arithmetic of
+        dynamic graphs): fixed for one variant."""
+        known = {}
+        for n, a in zip(self.placeholders, args):
+            known[n] = a
+        static = {}
+        for n in self.calls:
+            vals = _vals(n)
+            if any(isinstance(v, torch.Tensor) for v in vals) or not all(
+                    p in known or p in static for p in n.all_input_nodes):
+                continue
+            if not self.dynamic:
+                continue
+            a, kw = torch.fx.node.map_arg((n.args, n.kwargs), lambda x: static[x] if x in static else known[x])
+            static[n] = n.target(*a, **kw)
+        return static
+
+    # ------------------------------------------------------------ capture
+    def _capture(self, args):
+        _stats["captures"] += 1
+        for _ in range(len(self.calls) + 1):
+            try:
+                return self._capture_once(args)
+            except _Restart:
+                continue
+            except Exception as e:  # anything unexpected: the graph runs eagerly, correct but slow
+                _C._capture_abort(self.device)
+                _stats["eager_graphs"] += 1
+                warnings.warn(f"torch_tpu: the {self.name} graph could not be compiled ({type(e).__name__}: {e}); "
+                              "it runs eagerly op by op")
+                return _Variant([("host", n) for n in self.calls], None, {})
+        raise RuntimeError("torch_tpu: capture did not converge")
+
+    def _capture_once(self, args):
+        static = self._static_values(args)
+        steps = self._plan(static)
+        readers = {}  # node -> the steps that read it
+        for k, (kind, x) in enumerate(steps):
+            for n in ([x] if kind == "host" else x.nodes):
+                for p in n.all_input_nodes:
+                    readers.setdefault(p, set()).add(k)
+        graph_outs = {a for a in self.out_args if isinstance(a, torch.fx.Node)}
+        real = dict(zip(self.placeholders, args))
+        for n in self.nodes:
+            if n.op == "get_attr":
+                real[n] = getattr(self.gm, n.target)
+        only = len(steps) == 1 and steps[0][0] == "program"
+        dev = self.device_obj()
+        with torch.no_grad(), torch._C._DisableAutocast():
+            for k, (kind, seg) in enumerate(steps):
+                if kind == "program":
+                    self._capture_segment(seg, k, readers, graph_outs, real, static, dev, only)
+        single = None
+        if only:
+            seg = steps[0][1]
+            single = (seg.program, [self.placeholders.index(n) for n in seg.inputs])
+        else:
+            _stats["eager_nodes"] += sum(1 for kind, n in steps if kind == "host" and _on_tpu(n))
+        return _Variant(steps, single, static)
+
+    def _capture_segment(self, seg, k, readers, graph_outs, real, static, dev, only):
+        stand = {}
+        members = set(seg.nodes)
+
+        def seg_input(n):
+            if n in stand:
+                return stand[n]
+            v = real.get(n)
+            if not isinstance(v, torch.Tensor):
+                v = _vals(n)[0]
+            t = _stand_in(v, dev)
+            _C._capture_input(t, len(seg.inputs))
+            seg.inputs.append(n)
+            stand[n] = t
+            return t
+
+        def arg(n):
+            if n in stand:
+                return stand[n]
+            if n in static:
+                return static[n]
+            if n.op == "get_attr":
+                v = real[n]
+                if not isinstance(v, torch.Tensor) or v.device.type == "tpu" or v.dim() == 0:
+                    return v  # a tpu constant is bound as it is; a CPU scalar constant is a number
+                return seg_input(n)
+            vals = _vals(n)
+            if len(vals) == 1 and isinstance(vals[0], torch.Tensor):
+                return seg_input(n)
+            if n.op == "placeholder" and not isinstance(real.get(n), torch.Tensor):
+                return real[n]  # an int input of a dynamic graph (in the variant's key)
+            raise _HostValue(n)
+
+        _C._capture_begin(self.device)
+        try:
+            for n in seg.nodes:
+                try:
+                    a, kw = torch.fx.node.map_arg((n.args, n.kwargs), arg)
+                    stand[n] = n.target(*a, **kw)
+                except Exception as e:
+                    if isinstance(e, _HostValue) or _C._capture_broken():
+                        self.host_forced.add(n)
+                        raise _Restart() from None
+                    raise
+            if only and all(a is None or (isinstance(a, torch.fx.Node) and (a in members or a.op == "placeholder"))
+                            for a in self.out_args):
+                seg.outputs = list(self.out_args)  # the whole graph: its outputs, in order
+                for a in seg.outputs:
+                    if a is not None and a not in stand:
+                        seg_input(a)
+            else:
+                seg.outputs = [n for n in seg.nodes if isinstance(stand[n], torch.Tensor) and (
+                    n in graph_outs or any(r != k for r in readers.get(n, ())))]
+        except BaseException:
+            _C._capture_abort(self.device)
+            raise
+        seg.program = _C._capture_end(self.device, [stand[n] for n in seg.inputs],
+                                      [None if n is None else stand[n] for n in seg.outputs])
+
+    # ------------------------------------------------------------ general runs
+    def _interpret(self, v, args):
+        env = dict(zip(self.placeholders, args))
+        env.update(v.static)
+        dev = self.device_obj()
+        for n in self.nodes:
+            if n.op == "get_attr":
+                env[n] = getattr(self.gm, n.target)
+        with torch.no_grad(), torch._C._DisableAutocast():
+            for kind, s in v.steps:
+                if kind == "host":
+                    a, kw = torch.fx.node.map_arg((s.args, s.kwargs), lambda x: env[x])
+                    env[s] = s.target(*a, **kw)
+                    continue
+                ins = []
+                for n in s.inputs:
+                    t = env[n]
+                    ins.append(t if t.device.type == "tpu" else t.to(dev))
+                for n, t in zip(s.outputs, s.program.run(ins)):
+                    if n is not None:
+                        env[n] = t
+        return [env[a] if isinstance(a, torch.fx.Node) else a for a in self.out_args]
+
+
+class _HostValue(Exception):
+    """A captured node reads a value that is not a tensor computed on the device."""
+
+
+def _compiler(name):
+    def compile_graph(gm, example_inputs):
+        return CompiledGraph(gm, example_inputs, name)
+    return compile_graph
+
+
+def tpu_backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend "tpu": AOTAutograd, then one program per forward / backward / inference graph."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
+                           inference_compiler=_compiler("inference"), keep_inference_input_mutations=True)
+    return backend(gm, example_inputs)
+
+
+def _register():
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "tpu" not in _BACKENDS or _BACKENDS.get("tpu") is None:
+        register_backend(tpu_backend, name="tpu")
