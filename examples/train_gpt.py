@@ -113,11 +113,12 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=25)
-    ap.add_argument("--mode", choices=["strict", "debug", "fuse"], default=None,
-                    help="tpu eager mode (default: strict, or TORCH_TPU_* environment variables)")
+    ap.add_argument("--mode", choices=["strict", "debug", "fuse", "compiled"], default=None,
+                    help="tpu eager mode (default: strict, or TORCH_TPU_* environment variables); "
+                         "compiled: torch.compile the model and the optimizer step")
     args = ap.parse_args()
 
-    if args.mode and args.device.startswith("tpu"):
+    if args.mode and args.mode != "compiled" and args.device.startswith("tpu"):
         import torch_tpu
 
         torch_tpu.set_eager_mode({"strict": torch_tpu.EagerMode.DEFER_NEVER,
@@ -132,16 +133,19 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     gen = torch.Generator().manual_seed(args.seed)
     print(f"params: {sum(p.numel() for p in model.parameters())}, vocab: {data.vocab}")
+    forward, opt_step = model, opt.step
+    if args.mode == "compiled":  # the default backend: "tpu" for tpu tensors, Inductor on the CPU
+        forward, opt_step = torch.compile(model), torch.compile(opt.step)
 
     first = last = None
     times = []
     for step in range(args.steps):
         t0 = time.perf_counter()
         x, y = data.batch(args.batch, gen)
-        _, loss = model(x, y)
+        _, loss = forward(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        opt_step()
         loss_val = loss.item()  # a host read: the step has finished here
         times.append(time.perf_counter() - t0)
         if first is None:

@@ -67,6 +67,10 @@ def _start():
     _C._set_fuse_split_threads(_os.environ.get("TORCH_TPU_FUSE_ACROSS_THREADS") != "1")
     if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
         _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))
+    # torch.compile: the backend "tpu" (also the default backend; CPU graphs still go to Inductor)
+    from . import _compile
+
+    _compile.install_default_backend()
     import atexit
 
     atexit.register(_flush_at_exit)

@@ -19,6 +19,7 @@ program per shape, with a warning).
 """
 import operator
 import threading
+import time
 import warnings
 
 import torch
@@ -28,13 +29,18 @@ from . import _C
 
 __all__ = ["tpu_backend", "stats"]
 
-_stats = {"graphs": 0, "eager_nodes": 0, "eager_graphs": 0, "captures": 0}
+_stats = {"graphs": 0, "eager_nodes": 0, "eager_graphs": 0, "call_seconds": 0.0}
 _lock = threading.RLock()
 
 
 def stats():
-    """Counters of compiled mode: graphs compiled, eager nodes among them, graphs run entirely eagerly."""
+    """Counters of compiled mode (see torch_tpu.metrics.report)."""
     return dict(_stats)
+
+
+def reset_stats():
+    for k in _stats:
+        _stats[k] = type(_stats[k])(0)
 
 
 def _is_tpu(x):
@@ -90,6 +96,13 @@ class _Variant:
         self.static = static  # node -> value fixed for this variant (shape arithmetic)
 
 
+class _Pack:
+    """One program input holding CPU scalars (0-dim values of `nodes`, in order)."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+
+
 class _Restart(Exception):
     """A node could not be captured: plan again with it on the host."""
 
@@ -132,6 +145,7 @@ class CompiledGraph:
 
     # ------------------------------------------------------------ calls
     def __call__(self, *args):
+        t0 = time.perf_counter()
         if len(args) == 1 and isinstance(args[0], list):  # boxed: one list of arguments
             args = args[0]
         key = self._key(args)
@@ -144,8 +158,11 @@ class CompiledGraph:
                     self.variants[key] = v
         if v.single is not None:
             prog, idx = v.single
-            return prog.run([args[i] for i in idx])
-        return self._interpret(v, args)
+            out = prog.run([args[i] for i in idx])
+        else:
+            out = self._interpret(v, args)
+        _stats["call_seconds"] += time.perf_counter() - t0
+        return out
 
     def _key(self, args):
         key = []
@@ -231,7 +248,6 @@ class CompiledGraph:
 
     # ------------------------------------------------------------ capture
     def _capture(self, args):
-        _stats["captures"] += 1
         for _ in range(len(self.calls) + 1):
             try:
                 return self._capture_once(args)
@@ -258,23 +274,43 @@ class CompiledGraph:
         for n in self.nodes:
             if n.op == "get_attr":
                 real[n] = getattr(self.gm, n.target)
-        only = len(steps) == 1 and steps[0][0] == "program"
+        only = len(steps) == 1 and steps[0][0] == "program" and all(
+            p.op != "call_function" for n in steps[0][1].nodes for p in n.all_input_nodes
+            if p not in steps[0][1].nodes)
         dev = self.device_obj()
         with torch.no_grad(), torch._C._DisableAutocast():
             for k, (kind, seg) in enumerate(steps):
                 if kind == "program":
                     self._capture_segment(seg, k, readers, graph_outs, real, static, dev, only)
         single = None
-        if only:
+        if only and steps[0][1].outputs == self.out_args and not any(isinstance(n, _Pack) for n in steps[0][1].inputs):
             seg = steps[0][1]
             single = (seg.program, [self.placeholders.index(n) for n in seg.inputs])
         else:
-            _stats["eager_nodes"] += sum(1 for kind, n in steps if kind == "host" and _on_tpu(n))
+            _stats["eager_nodes"] += sum(1 for kind, n in steps if kind == "host" and _on_tpu(n)
+                                         and n.target is not operator.getitem)
         return _Variant(steps, single, static)
 
     def _capture_segment(self, seg, k, readers, graph_outs, real, static, dev, only):
         stand = {}
         members = set(seg.nodes)
+        _C._capture_begin(self.device)
+        # CPU scalars the program reads (optimizer step counts, their powers): packed into
+        # one tensor per dtype, uploaded once per call
+        scalars = {}
+        for n in seg.nodes:
+            for p in n.all_input_nodes:
+                v = _vals(p)[0] if p.op != "get_attr" else None
+                if p not in members and p not in static and isinstance(v, torch.Tensor) and v.device.type == "cpu" \
+                        and v.dim() == 0 and p not in scalars.get(v.dtype, []):
+                    scalars.setdefault(v.dtype, []).append(p)
+        for dtype, nodes in scalars.items():
+            base = torch.empty(len(nodes), dtype=dtype, device=dev)
+            _C._capture_input(base, len(seg.inputs))
+            seg.inputs.append(_Pack(nodes))
+            stand[seg.inputs[-1]] = base
+            for i, p in enumerate(nodes):
+                stand[p] = base[i]
 
         def seg_input(n):
             if n in stand:
@@ -305,7 +341,6 @@ class CompiledGraph:
                 return real[n]  # an int input of a dynamic graph (in the variant's key)
             raise _HostValue(n)
 
-        _C._capture_begin(self.device)
         try:
             for n in seg.nodes:
                 try:
@@ -316,8 +351,8 @@ class CompiledGraph:
                         self.host_forced.add(n)
                         raise _Restart() from None
                     raise
-            if only and all(a is None or (isinstance(a, torch.fx.Node) and (a in members or a.op == "placeholder"))
-                            for a in self.out_args):
+            if only and all(a is None or (isinstance(a, torch.fx.Node) and isinstance(_vals(a)[0], torch.Tensor) and (
+                    a in members or a.op == "placeholder")) for a in self.out_args):
                 seg.outputs = list(self.out_args)  # the whole graph: its outputs, in order
                 for a in seg.outputs:
                     if a is not None and a not in stand:
@@ -339,14 +374,21 @@ class CompiledGraph:
         for n in self.nodes:
             if n.op == "get_attr":
                 env[n] = getattr(self.gm, n.target)
+        get = env.__getitem__
         with torch.no_grad(), torch._C._DisableAutocast():
             for kind, s in v.steps:
                 if kind == "host":
-                    a, kw = torch.fx.node.map_arg((s.args, s.kwargs), lambda x: env[x])
-                    env[s] = s.target(*a, **kw)
+                    if s.target is operator.getitem:
+                        env[s] = env[s.args[0]][s.args[1]]
+                    else:
+                        a, kw = torch.fx.node.map_arg((s.args, s.kwargs), get)
+                        env[s] = s.target(*a, **kw)
                     continue
                 ins = []
                 for n in s.inputs:
+                    if isinstance(n, _Pack):
+                        ins.append(torch.stack([env[p] for p in n.nodes]).to(dev, non_blocking=True))
+                        continue
                     t = env[n]
                     ins.append(t if t.device.type == "tpu" else t.to(dev))
                 for n, t in zip(s.outputs, s.program.run(ins)):
@@ -365,8 +407,19 @@ def _compiler(name):
     return compile_graph
 
 
-def tpu_backend(gm, example_inputs, **kwargs):
-    """The Dynamo backend "tpu": AOTAutograd, then one program per forward / backward / inference graph."""
+def _has_tpu(gm, example_inputs):
+    if any(_is_tpu(x) for x in example_inputs):
+        return True
+    return any(_is_tpu(v) for n in gm.graph.nodes for v in _vals(n))
+
+
+def tpu_backend(gm, example_inputs, mode=None, options=None):
+    """The Dynamo backend "tpu". A graph with tpu tensors goes through AOTAutograd
+    (forward and backward graphs for training, one inference graph otherwise),
+    each graph one program; a graph without tpu tensors goes to Inductor with
+    the given mode and options, exactly as `torch.compile` would send it."""
+    if not _has_tpu(gm, example_inputs):
+        return torch._TorchCompileInductorWrapper(mode, options, None)(gm, example_inputs)
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(fw_compiler=_compiler("forward"), bw_compiler=_compiler("backward"),
@@ -374,8 +427,53 @@ def tpu_backend(gm, example_inputs, **kwargs):
     return backend(gm, example_inputs)
 
 
-def _register():
-    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+def _make_default():
+    """Makes "tpu" the default backend of `torch.compile` (torch.compiler.set_default_backend),
+    unless the user already chose another one. Graphs without tpu tensors still go to Inductor."""
+    from torch._dynamo.backends import registry
 
-    if "tpu" not in _BACKENDS or _BACKENDS.get("tpu") is None:
-        register_backend(tpu_backend, name="tpu")
+    if registry.get_default_backend() == "inductor":
+        registry.set_default_backend("tpu")
+    if "tpu" not in registry._BACKENDS:
+        registry.register_backend(tpu_backend, name="tpu")
+
+
+class _DefaultBackendHook:
+    """A meta path finder that calls _make_default once torch's backend registry is
+    imported (importing it eagerly would add over a second to `import torch`)."""
+
+    name = "torch._dynamo.backends.registry"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.util
+        import sys
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            try:
+                _make_default()
+            except Exception as e:  # never break torch.compile for a default
+                warnings.warn(f"torch_tpu: could not make 'tpu' the default torch.compile backend: {e}")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install_default_backend():
+    import os
+    import sys
+
+    if os.environ.get("TORCH_TPU_DEFAULT_COMPILE_BACKEND", "1") == "0":
+        return
+    if "torch._dynamo.backends.registry" in sys.modules:
+        _make_default()
+    elif not any(isinstance(f, _DefaultBackendHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DefaultBackendHook())

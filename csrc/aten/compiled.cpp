@@ -74,9 +74,8 @@ class CompiledProgram {
  public:
   engine::Program program;
   std::vector<Layout> inputs;       // the layout each runtime input was captured with
-  std::vector<int64_t> out_nbytes;  // per Output slot: its storage size
-  std::vector<hlo::DType> out_dtypes;
   std::vector<OutSpec> outs;
+  std::vector<size_t> out_first;    // per Output slot: the first of `outs` in it (its layout has the storage's size)
   std::vector<bool> input_written;  // a result of the program (mutated input)
   bool read_precision = false;
 
@@ -106,12 +105,11 @@ class CompiledProgram {
       }
       if (!in[k]->buffer) eng.zero_fill(*in[k]);
     }
-    std::vector<engine::StoragePtr> out_st(out_nbytes.size());
-    std::vector<at::Tensor> out_base(out_nbytes.size());
-    for (size_t j = 0; j < out_nbytes.size(); ++j) {
-      Layout l{{out_nbytes[j] / hlo::itemsize(out_dtypes[j])}, {1}, 0, out_nbytes[j], c10::kByte, out_dtypes[j]};
-      l.dtype = scalar_type_of(out_dtypes[j]);
-      out_base[j] = tensor_on_new_storage(l, device);
+    // each output storage is made as the first output that lies in it
+    std::vector<engine::StoragePtr> out_st(out_first.size());
+    std::vector<at::Tensor> out_base(out_first.size());
+    for (size_t j = 0; j < out_first.size(); ++j) {
+      out_base[j] = tensor_on_new_storage(outs[out_first[j]].layout, device);
       out_st[j] = storage_of(out_base[j]);
     }
     try {
@@ -128,7 +126,9 @@ class CompiledProgram {
     result.reserve(outs.size());
     for (const auto& o : outs) {
       switch (o.kind) {
-        case Slot::Kind::Output: result.push_back(view_like(out_base[o.index], o.layout)); break;
+        case Slot::Kind::Output:
+          result.push_back(&o == &outs[out_first[o.index]] ? out_base[o.index] : view_like(out_base[o.index], o.layout));
+          break;
         case Slot::Kind::Input:
           result.push_back(view_like(staged[o.index].defined() ? staged[o.index] : args[o.index], o.layout));
           break;
@@ -146,23 +146,6 @@ class CompiledProgram {
     } catch (const rt::Error& e) {
       TORCH_CHECK(false, e.what());
     }
-  }
-  static c10::ScalarType scalar_type_of(hlo::DType t) {
-    switch (t) {
-      case hlo::DType::Pred: return c10::kBool;
-      case hlo::DType::S8: return c10::kChar;
-      case hlo::DType::S16: return c10::kShort;
-      case hlo::DType::S32: return c10::kInt;
-      case hlo::DType::S64: return c10::kLong;
-      case hlo::DType::U8: return c10::kByte;
-      case hlo::DType::U32: return c10::kUInt32;
-      case hlo::DType::F16: return c10::kHalf;
-      case hlo::DType::BF16: return c10::kBFloat16;
-      case hlo::DType::F32: return c10::kFloat;
-      case hlo::DType::F64: return c10::kDouble;
-      case hlo::DType::C64: return c10::kComplexFloat;
-    }
-    return c10::kByte;
   }
 };
 
@@ -243,11 +226,10 @@ void bind_compiled(py::module& m) {
         o.kind = Slot::Kind::Storage;
         o.fixed = t;
       } else {
-        auto [it, fresh] = output_of.emplace(st.get(), static_cast<int>(cp->out_nbytes.size()));
+        auto [it, fresh] = output_of.emplace(st.get(), static_cast<int>(cp->out_first.size()));
         if (fresh) {
           g->bind_external(st, Slot::Kind::Output, it->second);
-          cp->out_nbytes.push_back(st->nbytes);
-          cp->out_dtypes.push_back(st->typed ? st->dtype : to_hlo(t.scalar_type()));
+          cp->out_first.push_back(cp->outs.size());
         }
         o.kind = Slot::Kind::Output;
         o.index = it->second;

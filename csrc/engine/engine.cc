@@ -340,15 +340,26 @@ Value Graph::scalar_param(double v, bool is_int, DType t) {
 }
 
 std::pair<Value, Value> Graph::rng_param(int64_t n) {
+  // one draw per run for the whole program: later draws continue its counter
+  size_t at = rng_.param;
+  if (at != SIZE_MAX && at + 1 < params_.size() && params_[at].kind == Binding::Kind::Rng && params_[at].index == 0) {
+    int64_t offset = params_[at].n;
+    params_[at].n += n;
+    params_[at + 1].n += n;
+    Value base = b.add(rng_.counter, b.constant_int(offset, DType::U32));
+    return {rng_.key, base};
+  }
   Binding p;
   p.kind = Binding::Kind::Rng;
   p.n = n;
   p.t = DType::U32;
+  rng_.param = params_.size();
   params_.push_back(p);
-  Value key = b.param(Type{DType::U32, {}});
+  rng_.key = b.param(Type{DType::U32, {}});
   p.index = 1;
   params_.push_back(p);
-  return {key, b.param(Type{DType::U32, {}})};
+  rng_.counter = b.param(Type{DType::U32, {}});
+  return {rng_.key, rng_.counter};
 }
 
 void Graph::bind_external(const StoragePtr& st, Slot::Kind kind, int index) {
@@ -728,8 +739,10 @@ void Engine::collect_results(Graph& g, Program& p, std::vector<int>& entries, st
     // a capture returns what its inputs and outputs stand for, and storages
     // that existed before it; what it created and did not return is internal
     if (g.capture && ext == g.external_.end() && e.param < 0) continue;
-    if (e.param >= 0 && e.st->buffer && e.st->buffer.use_count() == 1 &&
-        e.cur.type == Type{e.st->dtype, {e.st->numel()}})
+    // a capture donates every written input (a run opts out where the buffer is shared)
+    bool donor = g.capture ? ext != g.external_.end() && ext->second.kind == Slot::Kind::Input
+                           : e.st->buffer && e.st->buffer.use_count() == 1;
+    if (e.param >= 0 && donor && e.cur.type == Type{e.st->dtype, {e.st->numel()}})
       p.donations.emplace_back(e.param, static_cast<int>(values.size()));
     p.results.push_back(ext != g.external_.end() ? ext->second : Slot{Slot::Kind::Storage, e.st, 0});
     entries.push_back(static_cast<int>(i));
@@ -771,7 +784,9 @@ void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const 
   keep.reserve(p.params.size());
   args.reserve(p.params.size());
   std::pair<uint32_t, uint32_t> draw{0, 0};
-  for (const auto& b : p.params) {
+  if (p.scalars.size() != p.params.size()) p.scalars.assign(p.params.size(), nullptr);
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    const Binding& b = p.params[i];
     rt::BufferPtr buf;
     switch (b.kind) {
       case Binding::Kind::Storage:
@@ -781,7 +796,10 @@ void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const 
         if (!buf) throw rt::Error("torch_tpu: a program input has no device buffer");
         break;
       }
-      case Binding::Kind::Scalar: buf = scalar_buffer(b.v, b.is_int, b.t, p.device); break;
+      case Binding::Kind::Scalar:
+        if (!p.scalars[i]) p.scalars[i] = scalar_buffer(b.v, b.is_int, b.t, p.device);
+        buf = p.scalars[i];
+        break;
       case Binding::Kind::Rng:
         if (b.index == 0) {
           if (!rng_source_) throw rt::Error("torch_tpu: no device generator");
@@ -794,7 +812,11 @@ void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const 
     args.push_back(buf->get());
     keep.push_back(std::move(buf));
   }
-  auto outs = p.exe->execute(p.device, args);
+  // a donated buffer that something else still holds (beyond its storage and `keep`) is kept
+  std::vector<int64_t> no_donate;
+  for (const auto& [param, result] : p.donations)
+    if (keep[param].use_count() > 2) no_donate.push_back(param);
+  auto outs = p.exe->execute(p.device, args, no_donate);
   metrics.executions++;
   for (size_t i = 0; i < p.results.size(); ++i) storage(p.results[i].st, p.results[i].kind, p.results[i].index)->buffer = outs[i];
 }

@@ -81,6 +81,8 @@ struct Program {
   std::vector<Binding> params;
   std::vector<Slot> results;
   std::vector<std::pair<int, int>> donations;  // (param, result)
+  // Buffers of Scalar bindings, made on the first run (a compiled graph runs many times).
+  mutable std::vector<rt::BufferPtr> scalars;
 };
 
 // A rule's view of the engine while it is applied to a graph (see Graph::apply).
@@ -197,6 +199,10 @@ class Graph {
   std::unordered_map<Storage*, int> index_;
   std::vector<Binding> params_;  // per program parameter
   std::unordered_map<const Storage*, Slot> external_;
+  struct {
+    size_t param = SIZE_MAX;  // the key's parameter; the counter's follows it
+    Value key, counter;
+  } rng_;                     // the program's random draw (see rng_param)
   int stores_ = 0;
 };
 

@@ -146,9 +146,12 @@ Executable::~Executable() {
   if (e) { try { check(api, e, "LoadedExecutable_Destroy"); } catch (...) {} }
 }
 
-std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Buffer*>& args) {
+std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Buffer*>& args,
+                                           const std::vector<int64_t>& keep) {
   const PJRT_Api* api = client_->api();
   auto opts = TT_ARGS(PJRT_ExecuteOptions, incarnation_ids);
+  opts.non_donatable_input_indices = keep.empty() ? nullptr : keep.data();
+  opts.num_non_donatable_input_indices = keep.size();
   std::vector<PJRT_Buffer*> outs(num_outputs_, nullptr);
   PJRT_Buffer* const* arg_list = args.data();
   PJRT_Buffer** out_list = outs.data();

@@ -70,7 +70,10 @@ class Executable {
   Executable& operator=(const Executable&) = delete;
   size_t num_outputs() const { return num_outputs_; }
   // Enqueues one run on `device`; returns the output buffers (not yet ready).
-  std::vector<BufferPtr> execute(int device, const std::vector<PJRT_Buffer*>& args);
+  // `keep`: argument indices whose buffers must not be donated this time
+  // (donation is compiled in; a buffer still referenced elsewhere opts out).
+  std::vector<BufferPtr> execute(int device, const std::vector<PJRT_Buffer*>& args,
+                                 const std::vector<int64_t>& keep = {});
   std::string serialize() const;  // empty when the plugin cannot serialize
  private:
   Client* client_;
