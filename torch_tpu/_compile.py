@@ -185,6 +185,12 @@ class CompiledGraph:
                 kind[n] = kind.get(n.args[0], "host")
             else:
                 kind[n] = "tpu" if _on_tpu(n) else "host"
+        # CPU work whose results only tpu nodes read (an optimizer's step counts turned into bias
+        # corrections) moves into the program: its CPU inputs are uploaded instead of its results
+        for n in reversed(self.calls):
+            if kind[n] == "host" and n not in self.host_forced and not _mutates(n) and n.users and all(
+                    kind.get(u) == "tpu" for u in n.users):
+                kind[n] = "tpu"
         return kind
 
     def _deps(self):

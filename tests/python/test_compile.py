@@ -120,18 +120,22 @@ def test_cnn_batchnorm_training_updates_running_stats(highest):
         torch.testing.assert_close(cm(x.to("tpu")).cpu(), m_cpu(x), rtol=1e-4, atol=1e-4)
 
 
+@torch._dynamo.config.patch(allow_rnn=True)  # Dynamo runs nn.LSTM eagerly (on every device) unless asked
 def test_lstm_forward_backward(highest):
     torch.manual_seed(0)
     ref = nn.LSTM(5, 7, num_layers=2, batch_first=True)
     m = copy.deepcopy(ref).to("tpu")
     x = torch.randn(3, 6, 5)
     out_ref, _ = ref(x)
+    torch_tpu.metrics.reset()
     out, _ = torch.compile(m)(x.to("tpu"))
     out_ref.pow(2).sum().backward()
     out.pow(2).sum().backward()
     torch.testing.assert_close(out.cpu(), out_ref, rtol=1e-4, atol=1e-5)
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-3, atol=1e-4)
+    c = counters()
+    assert c["captures"] == 2 and c["compiled_eager_nodes"] == 0, c  # a forward and a backward program
 
 
 def test_inference_parity_and_shapes_recompile_only_when_new(highest):
@@ -302,3 +306,34 @@ def test_warm_restart_compiles_nothing(tmp_path):
         assert r.returncode == 0, r.stderr[-2000:]
     (l1, c1), (l2, c2) = [r.stdout.split()[-2:] for r in runs]
     assert l1 == l2 and int(c1) > 0 and int(c2) == 0
+
+
+def _zoo():
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_models import MODELS
+
+    return MODELS
+
+
+@pytest.mark.parametrize("name", list(_zoo()))
+@torch._dynamo.config.patch(allow_rnn=True)
+def test_model_zoo_compiled_matches_cpu(name):
+    """test_models.py's models, compiled: forward and backward match CPU, no eager node, no fallback."""
+    make, inp, loss_fn = _zoo()[name]
+    torch.manual_seed(0)
+    cpu = make()
+    tpu = copy.deepcopy(cpu).to("tpu")
+    x = inp()
+    torch_tpu.metrics.reset()
+    with torch.tpu.precision(torch.tpu.Precision.HIGHEST), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        lc = loss_fn(cpu(x))
+        lt = loss_fn(torch.compile(tpu)(x.to("tpu")))
+        lc.backward()
+        lt.backward()
+    m = torch_tpu.metrics.report()
+    assert m["cpu_fallbacks"] == {} and m["compiled_eager_nodes"] == 0 and m["compiled_eager_graphs"] == 0
+    assert m["captures"] >= 2  # a forward and a backward program
+    torch.testing.assert_close(lt.cpu(), lc, rtol=1e-4, atol=1e-5)
+    for (n, p), q in zip(cpu.named_parameters(), tpu.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=lambda msg: f"{name}.{n}: {msg}")
