@@ -43,6 +43,9 @@ def _start():
 
     if getattr(torch.utils, "_tpu_registered", False) or torch._C._get_privateuse1_backend_name() == "tpu":
         return
+    # A normal run is quiet: the XLA plugins log INFO lines (and an absl notice) to stderr
+    # when a client is created. Hide INFO unless the user chose a log level.
+    _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         path, platform = _plugin.find_plugin()
         n = int(_os.environ.get("TORCH_TPU_NUM_DEVICES", "1"))

@@ -298,6 +298,7 @@ py::dict metrics_dict() {
   d["traces"] = engine::Engine::get().trace_count();
   d["captures"] = m.captures.load();
   d["compiled_runs"] = m.compiled_runs.load();
+  d["frequent_compiles"] = m.frequent_compiles.load();
   return d;
 }
 
@@ -305,10 +306,12 @@ void reset_metrics() {
   auto& m = engine::Engine::get().metrics;
   for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes, &m.disk_hits, &m.disk_misses,
                   &m.disk_writes, &m.disk_errors, &m.trace_hits, &m.trace_ops, &m.trace_exits, &m.trace_recorded,
-                  &m.trace_verify_failures, &m.captures, &m.compiled_runs,
+                  &m.trace_verify_failures, &m.captures, &m.compiled_runs, &m.frequent_compiles,
                   &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
     *c = 0;
   aten::reset_fallback_counts();
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  engine::Engine::get().reset_compile_counts();
 }
 }  // namespace
 
@@ -328,6 +331,7 @@ PYBIND11_MODULE(_C, m) {
       aten::set_device_count(c.num_devices());
       at::RegisterPrivateUse1HooksInterface(aten::hooks());
       engine::Engine::get().set_rng_source(&aten::generator_take);
+      engine::Engine::get().set_warn([](const std::string& msg) { TORCH_WARN(msg); });
       aten::register_lowered_ops();
       return c.num_devices();
     });

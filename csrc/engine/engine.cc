@@ -70,11 +70,12 @@ int64_t count(const std::vector<Dim>& d) {
   return n;
 }
 
-// Element positions (offset + sum i_k * stride_k) over the core dims, in core order.
-Value positions(Builder& b, const std::vector<Dim>& d, int64_t offset) {
+// Element positions (offset + sum i_k * stride_k) over the core dims, in core order;
+// `offset` is an s64 scalar (a runtime parameter).
+Value positions(Builder& b, const std::vector<Dim>& d, Value offset) {
   Shape s;
   for (auto& x : d) s.push_back(x.size);
-  Value acc = b.constant_int(offset, DType::S64, s);
+  Value acc = b.broadcast_in_dim(offset, s, {});
   for (size_t i = 0; i < d.size(); ++i)
     acc = b.add(acc, b.mul(b.iota(DType::S64, s, static_cast<int64_t>(i)), b.constant_int(d[i].stride, DType::S64, s)));
   return b.reshape(acc, {hlo::numel(s)});
@@ -184,6 +185,29 @@ Value Graph::flat(const StoragePtr& st, DType as) {
   return reinterpret(b, v, as);
 }
 
+namespace {
+
+// A view reads storage elements [offset, offset + span) as whole rows of its
+// leading dim: each later dim fits in the stride of the one before ("padded").
+bool padded_layout(const std::vector<Dim>& d) {
+  bool padded = !d.empty();
+  for (size_t i = 0; padded && i + 1 < d.size(); ++i)
+    padded = d[i].stride % d[i + 1].stride == 0 && d[i].stride >= d[i + 1].stride * d[i + 1].size;
+  return padded;
+}
+
+// The view's program text depends on its offset only through this (offsets are
+// parameters): 0 = at the start of the storage, 1 = elsewhere, 2 = its last
+// padded row runs past the storage's end (the load pads the storage).
+int offset_class(const View& v, const std::vector<Dim>& d, int64_t N) {
+  if (!dense(d) && padded_layout(d) && v.offset + d[0].size * d[0].stride > N) return 2;
+  return v.offset == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+Value Graph::offset_param(int64_t offset) { return scalar_param(static_cast<double>(offset), true, DType::S64); }
+
 Value Graph::load(const View& v) {
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return b.zeros(v.dtype, v.sizes);
@@ -195,18 +219,17 @@ Value Graph::load(const View& v) {
   for (auto& x : d) sorted.push_back(x.size);
   Value core;
   if (dense(d)) {
-    Value region = (v.offset == 0 && cn == N) ? fl : b.slice(fl, {v.offset}, {v.offset + cn}, {1});
+    Value region = (v.offset == 0 && cn == N) ? fl : b.dynamic_slice(fl, {offset_param(v.offset)}, {cn});
     core = b.reshape(region, sorted);
   } else {
-    bool padded = !d.empty();
-    for (size_t i = 0; padded && i + 1 < d.size(); ++i)
-      padded = d[i].stride % d[i + 1].stride == 0 && d[i].stride >= d[i + 1].stride * d[i + 1].size;
-    if (padded) {
+    if (padded_layout(d)) {
       // flat[off : off + size0 * stride0] as [size0, s0/s1, ..., s_{k-1}], then the leading corner
       int64_t span = d[0].size * d[0].stride;
       Value region = fl;
-      if (v.offset + span > N) region = b.pad(fl, b.zeros(fl.dtype(), {}), {0}, {v.offset + span - N}, {0});
-      region = b.slice(region, {v.offset}, {v.offset + span}, {1});
+      // past the end: pad by one row (the overrun is shorter than a row)
+      if (offset_class(v, d, N) == 2) region = b.pad(fl, b.zeros(fl.dtype(), {}), {0}, {d[0].stride}, {0});
+      region = v.offset == 0 && span == region.shape()[0] ? region
+                                                           : b.dynamic_slice(region, {offset_param(v.offset)}, {span});
       Shape p{d[0].size};
       for (size_t i = 1; i < d.size(); ++i) p.push_back(d[i - 1].stride / d[i].stride);
       p.push_back(d.back().stride);
@@ -217,7 +240,7 @@ Value Graph::load(const View& v) {
       r = b.slice(r, Shape(p.size(), 0), lim, Shape(p.size(), 1));
       core = b.reshape(r, sorted);
     } else {
-      core = b.reshape(b.take(fl, positions(b, d, v.offset), 0), sorted);
+      core = b.reshape(b.take(fl, positions(b, d, offset_param(v.offset)), 0), sorted);
     }
   }
   return to_logical(b, core, d, v.sizes);
@@ -254,16 +277,16 @@ void Graph::store(const View& v, Value value) {
     if (dense(d)) {
       if (v.offset == 0 && n == N) next = ordered;
       else
-        next = b.dynamic_update_slice(fl, ordered, {b.constant_int(v.offset, DType::S64)});
+        next = b.dynamic_update_slice(fl, ordered, {offset_param(v.offset)});
     } else {
-      next = b.scatter(fl, b.reshape(positions(b, d, v.offset), {n, 1}), ordered, {0}, "");
+      next = b.scatter(fl, b.reshape(positions(b, d, offset_param(v.offset)), {n, 1}), ordered, {0}, "");
     }
   } else {
     // an expanded destination (PyTorch rejects most such writes earlier): last write wins
     std::vector<Dim> all;
     for (size_t i = 0; i < v.sizes.size(); ++i)
       if (v.sizes[i] > 1) all.push_back({static_cast<int64_t>(i), v.sizes[i], v.strides[i]});
-    Value pos = positions(b, all, v.offset);
+    Value pos = positions(b, all, offset_param(v.offset));
     next = b.scatter(fl, b.reshape(pos, {n, 1}), b.reshape(sq, {n}), {0}, "");
   }
   next = reinterpret(b, next, v.st->dtype);
@@ -309,7 +332,9 @@ void Graph::key_view(KeyBuilder& kb, const View& v) const {
     }
   }
   kb.k += static_cast<char>(v.dtype);
-  kb.i64(v.offset);
+  // offsets are program parameters: only their class shapes the text
+  int64_t N = st->typed ? st->nbytes / hlo::itemsize(v.dtype) : 0;
+  kb.k += static_cast<char>(offset_class(v, core_dims(v.sizes, v.strides), N));
   kb.i64(static_cast<int64_t>(v.sizes.size()));
   kb.add(v.sizes.data(), v.sizes.size() * sizeof(int64_t));
   kb.add(v.strides.data(), v.strides.size() * sizeof(int64_t));
@@ -756,11 +781,28 @@ void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
   p.text = std::make_shared<const std::string>(g.b.module(values));
   metrics.program_bytes += static_cast<int64_t>(p.text->size());
   last_program_ = p.text;
+  int64_t before = metrics.compiles.load();
   try {
     p.exe = compile(*p.text);
   } catch (const rt::Error& err) {
     throw rt::Error(describe_failure(g, err.what()), err.code());
   }
+  if (metrics.compiles.load() != before) note_compile(g);
+}
+
+// Like PyTorch/XLA's "CompileTime too frequent": the same ops compiling program
+// after program means something that varies call to call is in the program text.
+void Engine::note_compile(const Graph& g) {
+  if (g.ops.empty()) return;
+  std::string key = g.ops.size() == 1 ? g.ops[0] : g.ops.front() + " ... " + g.ops.back() + " (" + std::to_string(g.ops.size()) + " ops)";
+  if (compiles_by_ops_.size() > 4096) compiles_by_ops_.clear();
+  if (++compiles_by_ops_[key] != kFrequentCompiles) return;
+  metrics.frequent_compiles++;
+  if (warn_)
+    warn_("torch_tpu: " + key + " has compiled " + std::to_string(kFrequentCompiles) +
+          " different programs; something that changes from call to call is part of the program (shapes, dtypes, "
+          "or a Python number the op reads as a constant). Each new program costs a compile "
+          "(torch_tpu.metrics.report()['frequent_compiles'] counts such op sequences).");
 }
 
 Program Engine::build(Graph& g) {

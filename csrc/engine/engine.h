@@ -107,6 +107,8 @@ struct Metrics {
   std::atomic<int64_t> trace_hits{0}, trace_ops{0}, trace_exits{0}, trace_recorded{0}, trace_verify_failures{0};
   // compiled mode: graphs captured into programs, and runs of those programs
   std::atomic<int64_t> captures{0}, compiled_runs{0};
+  // op sequences that kept compiling new programs (warned once each)
+  std::atomic<int64_t> frequent_compiles{0};
 };
 
 // A recorded op sequence: the key of each op (everything its program text
@@ -195,6 +197,7 @@ class Graph {
     bool written = false;
   };
   Value flat(const StoragePtr& st, DType as);
+  Value offset_param(int64_t offset);  // a view's offset, as an s64 parameter
   std::vector<Entry> entries_;
   std::unordered_map<Storage*, int> index_;
   std::vector<Binding> params_;  // per program parameter
@@ -244,6 +247,11 @@ class Engine {
   // PyTorch layer, which owns the generators.
   using RngSource = std::function<std::pair<uint64_t, uint64_t>(int, uint64_t)>;
   void set_rng_source(RngSource f) { rng_source_ = std::move(f); }
+  // Where the engine's warnings go (the PyTorch layer makes them Python warnings).
+  void set_warn(std::function<void(const std::string&)> f) { warn_ = std::move(f); }
+  // One op sequence compiling this many different programs gets a warning.
+  static constexpr int kFrequentCompiles = 10;
+  void reset_compile_counts() { compiles_by_ops_.clear(); }
   // (key, counter) parameter values for a draw of (seed, offset).
   static std::pair<uint32_t, uint32_t> rng_words(uint64_t seed, uint64_t offset) {
     return {static_cast<uint32_t>(seed ^ (seed >> 32) ^ 0x5bd1e995u), static_cast<uint32_t>(offset)};
@@ -315,6 +323,9 @@ class Engine {
   std::shared_ptr<const std::string> last_program_ = std::make_shared<const std::string>();
   std::string cache_dir_;
   RngSource rng_source_;
+  std::function<void(const std::string&)> warn_;
+  std::unordered_map<std::string, int> compiles_by_ops_;
+  void note_compile(const Graph& g);
   bool capture_broken_ = false;
   // The results of g (written, live entries) and their donations into p; the
   // entries they come from into `entries` and their values into `values`.

@@ -372,6 +372,14 @@ Value Builder::dynamic_update_slice(Value x, Value u, const std::vector<Value>& 
   return emit("dynamic_update_slice", ops, x.type);
 }
 
+Value Builder::dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes) {
+  if (static_cast<int64_t>(starts.size()) != x.rank() || static_cast<int64_t>(sizes.size()) != x.rank())
+    throw BuildError("dynamic_slice: one start and one size per dimension");
+  std::vector<Value> ops{x};
+  ops.insert(ops.end(), starts.begin(), starts.end());
+  return emit("dynamic_slice", ops, Type{x.dtype(), sizes}, "slice_sizes = " + i64_array(sizes));
+}
+
 Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
   if (xs.size() == 1) return xs[0];
   Shape s = xs[0].shape();

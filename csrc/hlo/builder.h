@@ -140,6 +140,8 @@ class Builder {
   Value scalar_like(double v, Value like) { return constant(v, like.dtype(), like.shape()); }
   Value slice(Value x, const Shape& start, const Shape& limit, const Shape& strides);
   Value dynamic_update_slice(Value x, Value update, const std::vector<Value>& starts);
+  // x[starts : starts + sizes] with runtime start indices (clamped into range by the op).
+  Value dynamic_slice(Value x, const std::vector<Value>& starts, const Shape& sizes);
   Value concatenate(const std::vector<Value>& xs, int64_t dim);
   Value pad(Value x, Value pad_value, const Shape& lo, const Shape& hi, const Shape& interior);
   Value reverse(Value x, const std::vector<int64_t>& dims);

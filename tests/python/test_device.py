@@ -152,3 +152,17 @@ def test_changing_scalars_does_not_recompile():
     torch.tpu.synchronize()
     m = torch_tpu.metrics.report()
     assert m["compiles"] <= 1, m  # mul_ by a python float: at most its first compile
+
+
+def test_a_normal_run_is_quiet():
+    """No plugin log lines on stderr: importing, computing, compiling and exiting print nothing."""
+    import subprocess
+    import sys
+
+    code = ("import torch\nx = torch.ones(3, device='tpu')\ny = (x * 2).sum().item()\n"
+            "f = torch.compile(lambda t: t + 1)\nf(x).cpu()\nprint(y)")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "6.0"
+    assert r.stderr == "", r.stderr
