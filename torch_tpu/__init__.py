@@ -62,6 +62,8 @@ def _start():
     except (AttributeError, RuntimeError):
         pass
     _C._set_cache_dir(_cache_dir())
+    # device-side checks (out-of-range indices, ...), raised at the next host sync
+    _C._set_device_checks(_os.environ.get("TORCH_TPU_DEVICE_CHECKS", "1") != "0")
     # the trace cache: TORCH_TPU_TRACE_CACHE=0 turns it off, =verify checks it
     tc = _os.environ.get("TORCH_TPU_TRACE_CACHE", "1")
     _C._set_tracing(tc != "0", tc == "verify")

@@ -72,7 +72,7 @@ struct Converter {
       int64_t x = v.isInt() ? v.toInt() : v.toSymInt().expect_int();
       if (is_number_type(schema_arg.type())) {  // a Python int passed as a Scalar
         a.kind = lower::Arg::Scalar;
-        a.d = static_cast<double>(x);
+        a.set_number(static_cast<double>(x));
         a.scalar_is_int = true;
       } else {
         a.kind = lower::Arg::Int;
@@ -80,7 +80,7 @@ struct Converter {
       }
     } else if (v.isDouble()) {
       a.kind = lower::Arg::Scalar;
-      a.d = v.toDouble();
+      a.set_number(v.toDouble());
     } else if (v.isString()) {
       a.kind = lower::Arg::Str;
       a.s = v.toStringRef();

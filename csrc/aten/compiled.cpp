@@ -160,7 +160,8 @@ engine::Graph& capture(int device) {
 void bind_compiled(py::module& m) {
   py::class_<engine::Graph::Mark>(m, "_CaptureMark");
   py::class_<CompiledProgram, std::shared_ptr<CompiledProgram>>(m, "CompiledProgram")
-      .def("run", &CompiledProgram::run)
+      // the GIL is released before the engine lock is taken (an op holding the lock may need the GIL)
+      .def("run", &CompiledProgram::run, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("text", [](const CompiledProgram& p) { return *p.program.text; })
       .def_property_readonly("read_precision", [](const CompiledProgram& p) { return p.read_precision; })
       .def_property_readonly("num_params", [](const CompiledProgram& p) { return p.program.params.size(); })
@@ -172,27 +173,27 @@ void bind_compiled(py::module& m) {
     } catch (const rt::Error& e) {
       TORCH_CHECK(false, e.what());
     }
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   // Runtime input k of the graph being captured is stood for by t's storage.
   m.def("_capture_input", [](const at::Tensor& t, int k) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     capture(t.device().index()).bind_external(storage_of(t), Slot::Kind::Input, k);
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_capture_mark", [](int device) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     return capture(device).mark();
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_capture_rollback", [](int device, const engine::Graph::Mark& mark) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     capture(device).rollback(mark);
     Engine::get().clear_capture_break();
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   m.def("_capture_broken", [] { return Engine::get().capture_broken(); });
   m.def("_current_precision", [] { return static_cast<int>(current_precision()); });
   m.def("_capture_abort", [](int device) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     Engine::get().end_capture(device);
-  });
+  }, py::call_guard<py::gil_scoped_release>());
   // Ends the capture: the program whose results are what `outputs` hold and
   // what the graph wrote into `inputs` (the stand-ins bound with _capture_input).
   m.def("_capture_end", [](int device, const std::vector<at::Tensor>& inputs,
@@ -248,7 +249,7 @@ void bind_compiled(py::module& m) {
       if (s.kind == Slot::Kind::Input) cp->input_written[s.index] = true;
     eng.metrics.captures++;
     return cp;
-  });
+  }, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace tt::aten

@@ -38,6 +38,9 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
     return f();
   } catch (const c10::Error&) {
     throw;
+  } catch (const engine::DeviceCheckError& e) {
+    TORCH_CHECK_INDEX(!e.index_error, e.what());
+    TORCH_CHECK(false, e.what());
   } catch (const rt::Error& e) {
     TORCH_CHECK(false, e.what());
   } catch (const hlo::BuildError& e) {
@@ -333,6 +336,9 @@ class OpEnv final : public lower::Env {
     return Engine::get().precision();
   }
   bool native_precision() const override { return rt::Client::get().platform_name() == "tpu"; }
+  void check(hlo::Value bad, hlo::Value value, bool index_error, const std::string& message) override {
+    Engine::get().add_check(g_, bad, value, index_error, message);
+  }
   mutable int read_precision = -1;  // the mode the rule read (it shapes the text), or -1
 
  private:
@@ -770,6 +776,7 @@ int64_t tpu_fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Ten
 }  // namespace
 
 lower::Precision current_precision() { return OpEnv::current_precision(); }
+std::string current_python_site() { return python_site(); }
 
 // ---------------------------------------------------------------- registration
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>()); }
@@ -936,6 +943,9 @@ int register_lowered_ops() {
 }
 
 std::vector<std::string> lowered_op_names() { return g_lowered; }
+std::map<std::string, std::string> lowered_op_rules() {
+  return std::map<std::string, std::string>(g_rule_for.begin(), g_rule_for.end());
+}
 int64_t meta_runs() { return g_meta_runs.load(); }
 
 std::map<std::string, int64_t> fallback_counts() {

@@ -262,6 +262,9 @@ template <typename F>
 auto py_guard(F&& f) -> decltype(f()) {
   try {
     return f();
+  } catch (const engine::DeviceCheckError& e) {
+    if (e.index_error) throw py::index_error(e.what());
+    throw std::runtime_error(e.what());
   } catch (const rt::Error& e) {
     throw std::runtime_error(e.what());
   }
@@ -332,11 +335,13 @@ PYBIND11_MODULE(_C, m) {
       at::RegisterPrivateUse1HooksInterface(aten::hooks());
       engine::Engine::get().set_rng_source(&aten::generator_take);
       engine::Engine::get().set_warn([](const std::string& msg) { TORCH_WARN(msg); });
+      engine::Engine::get().set_site_source(&aten::current_python_site);
       aten::register_lowered_ops();
       return c.num_devices();
     });
   });
-  m.def("_test_inject_invalid_op", [](const at::Tensor& t) { aten::inject_invalid_op(t); });
+  m.def("_test_inject_invalid_op", [](const at::Tensor& t) { aten::inject_invalid_op(t); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("_is_initialized", [] { return rt::Client::initialized(); });
   m.def("device_count", [] { return aten::device_count(); });
   m.def("current_device", [] { return aten::current_device(); });
@@ -384,6 +389,12 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(e.tracing(), e.trace_verify());
   });
   m.def("_get_mode", [] { return static_cast<int>(engine::Engine::get().mode()); });
+  m.def("_set_device_checks", [](bool on) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Engine::get().set_device_checks(on);
+  });
+  m.def("_get_device_checks", [] { return engine::Engine::get().device_checks(); });
   m.def("_set_precision", [](int p) {
     py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -391,8 +402,9 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_get_precision", [] { return static_cast<int>(engine::Engine::get().precision()); });
   m.def("metrics", &metrics_dict);
-  m.def("reset_metrics", &reset_metrics);
+  m.def("reset_metrics", &reset_metrics, py::call_guard<py::gil_scoped_release>());
   m.def("lowered_ops", [] { return aten::lowered_op_names(); });
+  m.def("lowered_op_rules", [] { return aten::lowered_op_rules(); });
   m.def("lowering_rules", [] { return lower::rule_names(); });
   m.def("composed_ops", [] { return aten::composed_op_names(); });
   m.def("last_program", [] { return engine::Engine::get().last_program(); });

@@ -38,6 +38,7 @@ int register_lowered_ops();
 void inject_invalid_op(const at::Tensor& t);
 at::PrivateUse1HooksInterface* hooks();
 std::vector<std::string> lowered_op_names();
+std::map<std::string, std::string> lowered_op_rules();  // registered op -> the rule it runs
 int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)
 std::map<std::string, int64_t> fallback_counts();
 void reset_fallback_counts();
@@ -51,6 +52,8 @@ bool expand_mask_indices(const at::Tensor& self, c10::List<std::optional<at::Ten
 
 // The matmul precision in effect on this thread (torch.tpu.precision, else the process-wide mode).
 lower::Precision current_precision();
+// "file.py:12 (in f)" of the innermost user Python frame, or "".
+std::string current_python_site();
 
 // Live bytes of tpu storages (what memory_allocated reports) and the peak.
 int64_t allocated_bytes();

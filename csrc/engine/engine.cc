@@ -459,7 +459,10 @@ void Engine::op_done(int device) {
     return;
   }
   flush(device);
-  if (mode_ == Mode::Debug) rt::Client::get().wait_all();
+  if (mode_ == Mode::Debug) {
+    rt::Client::get().wait_all();
+    raise_device_errors(device);
+  }
 }
 
 void Engine::flush_all() {
@@ -471,6 +474,76 @@ void Engine::flush_all() {
 void Engine::synchronize() {
   flush_all();
   rt::Client::get().wait_all();
+  for (auto& [device, dirty] : check_dirty_)
+    if (dirty) raise_device_errors(device);
+}
+
+StoragePtr Engine::check_word(int device) {
+  auto& w = check_words_[device];
+  if (!w) {
+    w = std::make_shared<Storage>(16, device);
+    w->dtype = DType::S64;
+    w->typed = true;
+    zero_fill(*w);
+  }
+  return w;
+}
+
+void Engine::add_check(Graph& g, Value bad, Value value, bool index_error, const std::string& message) {
+  if (!checks_on_) return;
+  std::string op = current_op_ ? current_op_->name : "";
+  std::string site = current_op_ ? current_op_->site : "";
+  if (site.empty() && site_source_) site = site_source_();
+  std::string key = op + '\0' + site + '\0' + message + (index_error ? "I" : "R");
+  auto it = check_ids_.find(key);
+  int64_t id;
+  if (it != check_ids_.end()) {
+    id = it->second;
+  } else {
+    if (check_sites_.size() >= (1u << 20)) {  // bounded: old ids then report without their site
+      check_sites_.clear();
+      check_ids_.clear();
+    }
+    check_sites_.push_back({op, site, message, index_error});
+    id = static_cast<int64_t>(check_sites_.size());
+    check_ids_[key] = id;
+  }
+  // word = word[0] != 0 ? word : (bad ? [id, value] : word)
+  hlo::Builder& b = g.b;
+  View wv{check_word(g.device), 0, {2}, {1}, DType::S64};
+  Value word = g.load(wv);
+  Value failed = b.reshape(b.slice(word, {0}, {1}, {1}), {});
+  Value mine = b.concatenate({b.reshape(g.scalar_param(static_cast<double>(id), true, DType::S64), {1}),
+                              b.reshape(b.convert(value, DType::S64), {1})}, 0);
+  Value keep = b.binary("or", b.compare(failed, b.constant_int(0, DType::S64), hlo::Cmp::NE),
+                        b.compare(bad, b.constant_int(0, DType::Pred), hlo::Cmp::EQ));
+  g.store(wv, b.select(b.broadcast_to(keep, {2}), word, mine));
+}
+
+void Engine::raise_device_errors(int device) {
+  auto dirty = check_dirty_.find(device);
+  if (dirty == check_dirty_.end() || !dirty->second) return;
+  dirty->second = false;
+  flush(device);
+  StoragePtr w = check_word(device);
+  int64_t word[2] = {0, 0};
+  w->buffer->to_host(word, sizeof word);
+  metrics.d2h_transfers++;
+  metrics.d2h_bytes += sizeof word;
+  if (word[0] == 0) return;
+  w->buffer = nullptr;
+  zero_fill(*w);  // the device stays usable
+  std::string msg = "a device-side check failed";
+  bool index_error = false;
+  if (word[0] >= 1 && static_cast<size_t>(word[0]) <= check_sites_.size()) {
+    const CheckSite& c = check_sites_[word[0] - 1];
+    msg = c.message;
+    auto at = msg.find("{}");
+    if (at != std::string::npos) msg.replace(at, 2, std::to_string(word[1]));
+    msg += "\n(torch_tpu: checked on the device in " + c.op + (c.site.empty() ? "" : ", issued at " + c.site) + ")";
+    index_error = c.index_error;
+  }
+  throw DeviceCheckError(msg, index_error);
 }
 
 rt::ExecutablePtr Engine::compile(const std::string& text) {
@@ -794,14 +867,18 @@ void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
 // after program means something that varies call to call is in the program text.
 void Engine::note_compile(const Graph& g) {
   if (g.ops.empty()) return;
-  std::string key = g.ops.size() == 1 ? g.ops[0] : g.ops.front() + " ... " + g.ops.back() + " (" + std::to_string(g.ops.size()) + " ops)";
+  std::string name = g.ops.size() == 1 ? g.ops[0] : g.ops.front() + " ... " + g.ops.back() + " (" + std::to_string(g.ops.size()) + " ops)";
+  // the same ops on the same input types: new shapes alone do not count
+  std::string key = name;
+  for (const auto& t : g.b.param_types()) key += t.str();
   if (compiles_by_ops_.size() > 4096) compiles_by_ops_.clear();
   if (++compiles_by_ops_[key] != kFrequentCompiles) return;
+  key = name;
   metrics.frequent_compiles++;
   if (warn_)
     warn_("torch_tpu: " + key + " has compiled " + std::to_string(kFrequentCompiles) +
-          " different programs; something that changes from call to call is part of the program (shapes, dtypes, "
-          "or a Python number the op reads as a constant). Each new program costs a compile "
+          " different programs for the same input shapes; something that changes from call to call is part of "
+          "the program (e.g. a Python number the op reads as a constant). Each new program costs a compile "
           "(torch_tpu.metrics.report()['frequent_compiles'] counts such op sequences).");
 }
 
@@ -860,7 +937,12 @@ void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const 
     if (keep[param].use_count() > 2) no_donate.push_back(param);
   auto outs = p.exe->execute(p.device, args, no_donate);
   metrics.executions++;
-  for (size_t i = 0; i < p.results.size(); ++i) storage(p.results[i].st, p.results[i].kind, p.results[i].index)->buffer = outs[i];
+  auto cw = check_words_.find(p.device);
+  for (size_t i = 0; i < p.results.size(); ++i) {
+    const StoragePtr& st = storage(p.results[i].st, p.results[i].kind, p.results[i].index);
+    st->buffer = outs[i];
+    if (cw != check_words_.end() && st == cw->second) check_dirty_[p.device] = true;
+  }
 }
 
 void Engine::flush(int device) {
@@ -891,6 +973,7 @@ void Engine::flush(int device) {
     }
   } timer{t_start, metrics.flush_ns};
   const Trace* t = g->trace.get();
+  std::string mismatch;
   if (t && g->ops.size() == t->keys.size() && out_entries == t->outs && p.donations == t->aliases) {
     metrics.trace_hits++;
     metrics.trace_ops += static_cast<int64_t>(g->ops.size());
@@ -907,20 +990,22 @@ void Engine::flush(int device) {
       while (k + 1 < g->ops.size() && g->sites[k + 1].body_start == t->marks[k + 1] &&
              g->b.body_text().compare(0, t->marks[k + 1], t->body, 0, t->marks[k + 1]) == 0)
         ++k;
-      fprintf(stderr, "torch_tpu: trace verify: the text differs from the recorded trace at op %zu (%s)\n", k,
-              g->ops[k].c_str());
+      mismatch = "torch_tpu: trace verify: the program text differs from the recorded trace at op " +
+                 std::to_string(k) + " (" + g->ops[k] + "): a rule's text depends on something its trace key misses";
     }
   }
   leave_trace(*g);
   finish(*g, p, values);
-  run(p);
+  run(p);  // the program built from text: results are right either way
   record_trace(*g, out_entries, p);
+  if (!mismatch.empty()) throw rt::Error(mismatch);  // verify mode: a key bug fails loudly
 }
 
 void Engine::read(const View& v, void* dst) {
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return;
   flush(v.st->device);
+  raise_device_errors(v.st->device);  // a failed check comes before the data it may have spoiled
   size_t nbytes = static_cast<size_t>(n * hlo::itemsize(v.dtype));
   bool whole = v.st->typed && v.st->dtype == v.dtype && v.offset == 0 && n == v.st->numel() &&
                row_major(v.sizes, v.strides);
@@ -953,6 +1038,12 @@ void Engine::copy_view(Graph& g, const View& from, const View& to, const std::st
 }
 
 void Engine::apply(Graph& g, Op& op, const std::function<lower::Reads()>& body) {
+  struct Current {  // the op whose rule is running (named by the checks it adds)
+    const Op*& slot;
+    const Op* prev;
+    ~Current() { slot = prev; }
+  } current{current_op_, current_op_};
+  current_op_ = &op;
   if (op.keyed && trace_on_) {
     KeyBuilder kb{op.key};
     for (const auto& v : op.views) g.key_view(kb, v);

@@ -276,7 +276,19 @@ class Engine {
     traces_.clear();
     trace_count_ = 0;
   }
-  void synchronize();  // flush everything and wait for all runs
+  void synchronize();  // flush everything and wait for all runs, then raise device check errors
+
+  // Device-side checks (see lower::Env::check): each device has an error word
+  // (s64[2]: check id, offending value) that programs with checks read and
+  // update; host synchronisations (read, synchronize, Debug mode after each op)
+  // look at it when a program has written it since, reset it and throw
+  // DeviceCheckError for the first failed check.
+  void add_check(Graph& g, Value bad, Value value, bool index_error, const std::string& message);
+  void raise_device_errors(int device);
+  void set_device_checks(bool on) { checks_on_ = on; }
+  bool device_checks() const { return checks_on_; }
+  // Names the Python line of an op that adds a check (set by the PyTorch layer).
+  void set_site_source(std::function<std::string()> f) { site_source_ = std::move(f); }
 
   // Adds "to = from" (converted to to's type, reshaped or broadcast) to g as op `name`.
   void copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site = "");
@@ -323,6 +335,18 @@ class Engine {
   std::shared_ptr<const std::string> last_program_ = std::make_shared<const std::string>();
   std::string cache_dir_;
   RngSource rng_source_;
+  struct CheckSite {
+    std::string op, site, message;
+    bool index_error = false;
+  };
+  bool checks_on_ = true;
+  std::vector<CheckSite> check_sites_;          // check id - 1 -> where and what
+  std::map<std::string, int64_t> check_ids_;    // op + site + message -> id
+  std::map<int, StoragePtr> check_words_;       // per device
+  std::map<int, bool> check_dirty_;             // a program wrote the word since it was read
+  const Op* current_op_ = nullptr;              // the op Engine::apply is running
+  std::function<std::string()> site_source_;
+  StoragePtr check_word(int device);
   std::function<void(const std::string&)> warn_;
   std::unordered_map<std::string, int> compiles_by_ops_;
   void note_compile(const Graph& g);
@@ -339,6 +363,14 @@ class Engine {
   bool trace_on_ = true, trace_verify_ = false;
   rt::ExecutablePtr disk_load(const std::string& text);
   void disk_store(const std::string& text, const rt::Executable& exe);
+};
+
+// A device-side check failed (an index out of range, ...): the exception the
+// user sees is an IndexError (index_error) or a RuntimeError.
+class DeviceCheckError : public rt::Error {
+ public:
+  DeviceCheckError(const std::string& msg, bool index_error) : rt::Error(msg), index_error(index_error) {}
+  bool index_error;
 };
 
 // Thrown where a capture graph would have to run (see Engine::begin_capture).

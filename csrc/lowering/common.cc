@@ -68,8 +68,8 @@ int64_t Ctx::int_(size_t i) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Int) return a.i;
   if (a.kind == Arg::Scalar) {
-    reads_.push_back({static_cast<int>(i), a.d, -1});
-    return static_cast<int64_t>(a.d);
+    reads_.push_back({static_cast<int>(i), a.d_, -1});
+    return static_cast<int64_t>(a.d_);
   }
   if (a.kind == Arg::Bool) return a.b;
   bad_arg(i, "an int");
@@ -93,8 +93,8 @@ const std::string& Ctx::str(size_t i) const {
 double Ctx::num(size_t i) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Scalar) {
-    reads_.push_back({static_cast<int>(i), a.d, -1});
-    return a.d;
+    reads_.push_back({static_cast<int>(i), a.d_, -1});
+    return a.d_;
   }
   if (a.kind == Arg::Int) return static_cast<double>(a.i);
   if (a.kind == Arg::Bool) return a.b;
@@ -103,7 +103,7 @@ double Ctx::num(size_t i) const {
 bool Ctx::num_is(size_t i, double v) const {
   const Arg& a = arg(i);
   if (a.kind != Arg::Scalar) return num(i) == v;
-  bool r = a.d == v;
+  bool r = a.d_ == v;
   reads_.push_back({static_cast<int>(i), v, r ? 1 : 0});
   return r;
 }
@@ -111,7 +111,7 @@ Value Ctx::scalar(size_t i, DType t) {
   const Arg& a = arg(i);
   if (a.kind == Arg::Tensor && a.tensor.rank() == 0) return b.convert(a.tensor, t);
   // a runtime parameter: the value is not part of the text (no read recorded)
-  double v = a.kind == Arg::Scalar ? a.d : num(i);
+  double v = a.kind == Arg::Scalar ? a.d_ : num(i);
   return env.scalar_param(v, a.kind == Arg::Int || a.scalar_is_int, t);
 }
 Value Ctx::scalar_or(size_t i, double dflt, DType t) {
@@ -292,6 +292,20 @@ Value normal01(Ctx& c, const Shape& s) {
   Value th = b.mul(b.constant(6.283185307179586, DType::F32, hs), u2);
   Value z = b.concatenate({b.mul(r, b.unary("cosine", th)), b.mul(r, b.unary("sine", th))}, 0);
   return b.reshape(b.slice(z, {0}, {n}, {1}), s);
+}
+
+void check_range(Ctx& c, Value idx, int64_t lo, int64_t hi, bool index_error, const std::string& message) {
+  int64_t n = hlo::numel(idx.shape());
+  if (n == 0) return;
+  Builder& b = c.b;
+  Value i = b.reshape(b.convert(idx, DType::S64), {n});
+  // bad = i < lo or i >= hi; value = the largest offending index (else the smallest)
+  Value bad = b.binary("or", b.compare(i, b.constant_int(lo, DType::S64, {n}), hlo::Cmp::LT),
+                       b.compare(i, b.constant_int(hi, DType::S64, {n}), hlo::Cmp::GE));
+  Value any = b.reduce(bad, b.constant_int(0, DType::Pred), {0}, "or");
+  Value low = b.lowest(DType::S64);
+  Value worst = b.reduce(b.select(bad, i, b.broadcast_to(low, {n})), low, {0}, "maximum");
+  c.env.check(any, worst, index_error, message);
 }
 
 }  // namespace tt::lower

@@ -245,8 +245,8 @@ void register_elementwise() {
   for (auto n : {"aten::div.Tensor_mode", "aten::div.Scalar_mode"}) add_rule(n, [](Ctx& c) { return div_mode(c, 2); });
   add_rule("aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
   add_rule("aten::floor_divide.Scalar", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
-  for (auto n : {"aten::maximum", "aten::max.other"}) add_rule(n, binary("maximum"));
-  for (auto n : {"aten::minimum", "aten::min.other"}) add_rule(n, binary("minimum"));
+  add_rule("aten::maximum", binary("maximum"));
+  add_rule("aten::minimum", binary("minimum"));
   for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"}) add_rule(n, binary_fn(remainder));
   for (auto n : {"aten::fmod.Tensor", "aten::fmod.Scalar"}) add_rule(n, binary("remainder"));
   add_rule("aten::atan2", binary_fn([](Builder& b, Value y, Value x) { return b.binary("atan2", y, x); }));
@@ -282,7 +282,7 @@ void register_elementwise() {
       {"aten::rsqrt", "rsqrt"}, {"aten::sin", "sine"}, {"aten::cos", "cosine"}, {"aten::tan", "tan"},
       {"aten::tanh", "tanh"}, {"aten::sigmoid", "logistic"}, {"aten::floor", "floor"}, {"aten::ceil", "ceil"},
       {"aten::round", "round_nearest_even"}, {"aten::sign", "sign"}, {"aten::sgn", "sign"},
-      {"aten::bitwise_not", "not"}, {"aten::cbrt", "cbrt"},
+      {"aten::bitwise_not", "not"},
   };
   for (auto& [n, op] : simple) add_rule(n, unary(op));
   add_rule("aten::trunc", [](Ctx& c) -> V {
@@ -481,11 +481,6 @@ void register_elementwise() {
     Value x = c.in(0);
     if (!hlo::is_float(x.dtype())) return {c.b.constant_int(0, DType::Pred, x.shape())};
     return {c.b.compare(c.b.unary("abs", x), c.b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ)};
-  });
-  add_rule("aten::isfinite", [](Ctx& c) -> V {
-    Value x = c.in(0);
-    if (!hlo::is_float(x.dtype())) return {c.b.constant_int(1, DType::Pred, x.shape())};
-    return {c.b.emit("is_finite", {x}, Type{DType::Pred, x.shape()})};
   });
   for (bool neg : {true, false})
     add_rule(neg ? "aten::isneginf" : "aten::isposinf", [neg](Ctx& c) -> V {

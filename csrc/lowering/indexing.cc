@@ -1,7 +1,8 @@
 // Indexing/scatter family: index_select, gather, scatter(_add), index (advanced
 // indexing), index_put, index_add, embedding backward.
-// Negative indices wrap as in PyTorch; out-of-range indices are clamped by the
-// StableHLO gather semantics (PyTorch would raise; see docs/STATUS.md).
+// Negative indices wrap as in PyTorch where it allows them. Out-of-range
+// indices are checked on the device (Env::check: the next host sync raises
+// CPU's error); the program itself clamps them (StableHLO gather semantics).
 #include <functional>
 #include <tuple>
 
@@ -18,6 +19,12 @@ Value wrap_index(Builder& b, Value idx, int64_t size) {
   Value n = b.constant_int(size, DType::S64, idx.shape());
   return b.select(b.compare(idx, zero, hlo::Cmp::LT), b.add(idx, n), idx);
 }
+
+// CPU's message for an index out of range along a dimension ("{}": the index)
+std::string oob(int64_t dim, int64_t size) {
+  return "index {} is out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size);
+}
+const char* kOutOfRange = "index out of range in self";
 
 // A 0-dim x (and its 0-dim source) as 1-element vectors; true when lifted
 bool lift_0d(Builder& b, Value& x, Value& src) {
@@ -50,6 +57,7 @@ V scatter_along(Ctx& c, bool add, bool src_is_tensor) {
     x = b.reshape(x, {1});
     idx = b.reshape(idx, {1});
   }
+  check_range(c, idx, 0, x.shape()[dim], false, oob(dim, x.shape()[dim]));
   idx = wrap_index(b, idx, x.shape()[dim]);
   int64_t n = hlo::numel(idx.shape());
   Value upd;
@@ -103,7 +111,9 @@ Advanced advanced(Ctx& c, Value x, const std::vector<Value>& indices) {
   int64_t n = hlo::numel(a.bshape);
   std::vector<Value> comps;
   for (size_t i = 0; i < idx.size(); ++i) {
-    Value w = wrap_index(b, b.broadcast_to(idx[i], a.bshape), x.shape()[a.dims[i]]);
+    int64_t size = x.shape()[a.dims[i]];
+    check_range(c, idx[i], -size, size, true, oob(static_cast<int64_t>(i), size));  // CPU numbers the index tensors
+    Value w = wrap_index(b, b.broadcast_to(idx[i], a.bshape), size);
     comps.push_back(b.reshape(w, {n, 1}));
   }
   a.coords = b.concatenate(comps, 1);
@@ -197,6 +207,7 @@ V scatter_reduce(Ctx& c) {
   Value idx = c.in(2);
   if (hlo::numel(idx.shape()) == 0) return {x};
   Value src = b.slice(b.convert(c.in(3), x.dtype()), Shape(idx.rank(), 0), idx.shape(), Shape(idx.rank(), 1));
+  check_range(c, idx, 0, x.shape()[dim], false, oob(dim, x.shape()[dim]));
   return reduce_into(c, x, dim, idx, src, c.str(4), c.flag_or(5, true));
 }
 
@@ -212,7 +223,8 @@ Value put_slices(Builder& b, Value x, int64_t dim, Value idx, Value src) {
 }
 
 // x(0) with its slices at idx(2) along dim(1) replaced by slices(dtype, their shape)
-V replace_slices(Ctx& c, const std::function<Value(DType, const Shape&)>& slices) {
+// (indices outside [lo * size, size) fail the device check with `prefix` + CPU's message)
+V replace_slices(Ctx& c, int64_t lo, const std::string& prefix, const std::function<Value(DType, const Shape&)>& slices) {
   Builder& b = c.b;
   Value x = b.convert(c.in(0), c.odt());
   Value idx = c.in(2);
@@ -220,6 +232,7 @@ V replace_slices(Ctx& c, const std::function<Value(DType, const Shape&)>& slices
   bool scalar0 = x.rank() == 0;
   if (scalar0) x = b.reshape(x, {1});
   int64_t dim = wrap_dim(c.int_(1), x.rank());
+  check_range(c, idx, lo * x.shape()[dim], x.shape()[dim], true, prefix + oob(dim, x.shape()[dim]));
   Shape s = x.shape();
   s[dim] = hlo::numel(idx.shape());
   Value out = put_slices(b, x, dim, idx, slices(x.dtype(), s));
@@ -306,15 +319,18 @@ Value true_rank(Builder& b, Value flat_mask) {
 void register_indexing() {
   add_rule("aten::scatter_reduce.two", scatter_reduce);
   // masked_scatter(x, m, src) = where(m, src.flat[rank of the element among m's true ones], x)
-  // (a source with fewer elements than m has true ones reads its last element; CPU raises)
+  // (a source with fewer elements than m has true ones fails the device check, as CPU raises)
   add_rule("aten::masked_scatter", [](Ctx& c) -> V {
     Builder& b = c.b;
     const Shape& s = c.oshape();
     int64_t n = hlo::numel(s);
+    if (n == 0) return {c.in_out(0, c.odt())};
     Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), s), {n});
     Value src = c.in(2);
     int64_t ns = hlo::numel(src.shape());
-    if (n == 0 || ns == 0) return {c.in_out(0, c.odt())};
+    Value ones = b.reduce(b.convert(m, DType::S64), b.constant_int(0, DType::S64), {0}, "add");
+    check_range(c, ones, 0, ns + 1, false, "Number of elements of source < number of ones in mask");
+    if (ns == 0) return {c.in_out(0, c.odt())};
     Value pos = b.clamp(b.constant_int(0, DType::S64, {n}), true_rank(b, m), b.constant_int(ns - 1, DType::S64, {n}));
     Value taken = b.take(b.reshape(b.convert(src, c.odt()), {ns}), pos, 0);
     return {b.reshape(b.select(m, taken, b.reshape(c.in_out(0, c.odt()), {n})), s)};
@@ -339,6 +355,7 @@ void register_indexing() {
     Value x = c.in(0);
     if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    check_range(c, c.in(2), 0, x.shape()[dim], true, kOutOfRange);
     Value idx = wrap_index(c.b, c.in(2), x.shape()[dim]);
     return {c.b.reshape(c.b.take(x, idx, dim), c.oshape())};
   });
@@ -347,6 +364,7 @@ void register_indexing() {
     Value x = c.in(0);
     if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    check_range(c, c.in(2), 0, x.shape()[dim], false, oob(dim, x.shape()[dim]));
     Value idx = wrap_index(c.b, c.in(2), x.shape()[dim]);
     return {c.b.take_along(x, idx, dim)};
   });
@@ -401,6 +419,7 @@ void register_indexing() {
     Value src = b.convert(c.in(3), x.dtype());
     bool scalar0 = lift_0d(b, x, src);
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    check_range(c, c.in(2), 0, x.shape()[dim], true, kOutOfRange);
     Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), x.shape()[dim]);
     if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
     std::vector<int64_t> perm{dim};
@@ -420,6 +439,7 @@ void register_indexing() {
     Value src = b.convert(c.in(3), x.dtype());
     bool scalar0 = lift_0d(b, x, src);
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    check_range(c, idx, 0, x.shape()[dim], true, kOutOfRange);
     Value full = b.broadcast_in_dim(b.reshape(idx, {hlo::numel(idx.shape())}), src.shape(), {dim});
     Value out = reduce_into(c, x, dim, full, src, c.str(4), c.flag_or(5, true))[0];
     return {scalar0 ? b.reshape(out, {}) : out};
@@ -427,11 +447,12 @@ void register_indexing() {
   // index_fill(x, dim, idx, v) = x with x[.., idx[i], ..] = v
   for (auto n : {"aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor"})
     add_rule(n, [](Ctx& c) -> V {
-      return replace_slices(c, [&](DType t, const Shape& s) { return c.b.broadcast_to(c.scalar(3, t), s); });
+      return replace_slices(c, -1, "", [&](DType t, const Shape& s) { return c.b.broadcast_to(c.scalar(3, t), s); });
     });
   // index_copy(x, dim, idx, src) = x with x[.., idx[i], ..] = src[.., i, ..]
   add_rule("aten::index_copy", [](Ctx& c) -> V {
-    return replace_slices(c, [&](DType t, const Shape& s) { return c.b.reshape(c.b.convert(c.in(3), t), s); });
+    return replace_slices(c, 0, "index_copy_(): ",
+                          [&](DType t, const Shape& s) { return c.b.reshape(c.b.convert(c.in(3), t), s); });
   });
   // take(x, idx) = x.flatten()[idx]
   add_rule("aten::take", [](Ctx& c) -> V {
@@ -439,6 +460,8 @@ void register_indexing() {
     Value x = c.in(0);
     int64_t n = hlo::numel(x.shape());
     if (n == 0) return {b.zeros(c.odt(), c.oshape())};
+    std::string msg = "out of range: tried to access index {} on a tensor of " + std::to_string(n) + " elements.";
+    check_range(c, c.in(1), -n, n, true, msg);
     Value idx = wrap_index(b, c.in(1), n);
     return {b.reshape(b.take(b.reshape(x, {n}), b.reshape(idx, {hlo::numel(idx.shape())}), 0), c.oshape())};
   });
@@ -448,6 +471,8 @@ void register_indexing() {
     Value x = b.convert(c.in(0), c.odt());
     int64_t n = hlo::numel(x.shape()), k = hlo::numel(c.in(1).shape());
     if (n == 0 || k == 0) return {x};
+    std::string msg = "out of range: tried to access index {} on a tensor of " + std::to_string(n) + " elements.";
+    check_range(c, c.in(1), -n, n, true, msg);
     Value idx = b.reshape(wrap_index(b, c.in(1), n), {k, 1});
     Value src = b.reshape(b.convert(c.in(2), x.dtype()), {k});
     Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? "add" : "");

@@ -508,12 +508,6 @@ void register_linalg() {
     Value logabs = b.reduce(b.unary("log", b.unary("abs", dg)), b.zeros(a.dtype(), {}), {last}, "add");
     return {sign, logabs, f.lu, stack_pivots(b, f.piv, batch, c.odt(3))};
   });
-  // outer product via a contraction-free dot: x[:, None] * y[None, :]
-  add_rule("aten::outer", [](Ctx& c) -> V {
-    Value x = c.in(0), y = c.in(1);
-    Value x2 = c.b.reshape(x, {x.shape()[0], 1}), y2 = c.b.reshape(y, {1, y.shape()[0]});
-    return {matmul(c, x2, y2, kMM, c.odt())};
-  });
 }
 
 }  // namespace tt::lower

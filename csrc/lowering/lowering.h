@@ -35,7 +35,6 @@ struct Arg {
   Value tensor;
   std::vector<Value> tensors;  // invalid entries stand for None in Tensor?[]
   int64_t i = 0;
-  double d = 0;                // Scalar value
   bool scalar_is_int = false;  // Scalar came from a Python int (or bool)
   bool scalar_is_bool = false;
   bool b = false;
@@ -49,6 +48,15 @@ struct Arg {
   // strides). Only layout-dependent results use it: PyTorch's det/slogdet
   // factor A^T for contiguous A and return that factorization.
   bool contiguous = false;
+
+  // A Scalar's value. Rules read it only through Ctx (num, int_, num_is record
+  // the read for the trace key; scalar binds it as a parameter), so nothing a
+  // rule puts into the program text can escape the key.
+  void set_number(double v) { d_ = v; }
+
+ private:
+  friend class Ctx;
+  double d_ = 0;
 };
 
 // A Python number a rule read structurally (it shaped the program text):
@@ -77,6 +85,11 @@ class Env {
   // True where the plugin implements precision_config itself (TPU): contractions
   // are then emitted once with the mode, instead of as bf16 splits.
   virtual bool native_precision() const { return false; }
+  // A data-dependent error check computed in the program: if `bad` (an i1
+  // scalar) is true when it runs, the next host synchronisation raises
+  // `message` ("{}" replaced by `value`, an s64 scalar) as an IndexError
+  // (index_error) or a RuntimeError. Engines without checks ignore it.
+  virtual void check(Value bad, Value value, bool index_error, const std::string& message) {}
 };
 
 // Thrown by a rule for an argument combination it does not lower; the op then
@@ -167,6 +180,9 @@ Value contract(Ctx& c, Value a, Value b, const ContractFn& op, DType out);
 // Sum of x over dims in the accumulation type, converted back to x's type when keep_type.
 Value sum(Builder& b, Value x, const std::vector<int64_t>& dims);
 Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<int64_t>& dims);
+// Device-side bounds check: every element of idx lies in [lo, hi); otherwise the
+// next host synchronisation raises `message` ("{}": an offending value).
+void check_range(Ctx& c, Value idx, int64_t lo, int64_t hi, bool index_error, const std::string& message);
 // Counter-based uniform [0,1) floats of shape s (f32).
 Value uniform01(Ctx& c, const Shape& s);
 Value normal01(Ctx& c, const Shape& s);

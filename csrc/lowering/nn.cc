@@ -257,6 +257,7 @@ Nll nll_targets(Ctx& c, Value x, Value tgt, size_t weight_arg, int64_t ignore_in
   l.x = x;
   Value valid = b.compare(tgt, b.constant_int(ignore_index, DType::S64, {l.n}), Cmp::NE);
   l.safe = b.select(valid, tgt, b.zeros(DType::S64, {l.n}));
+  check_range(c, l.safe, 0, x.shape()[1], true, "Target {} is out of bounds.");
   Value w = c.has(weight_arg) ? b.take(b.convert(c.in(weight_arg), l.t), l.safe, 0) : b.constant(1, l.t, {l.n});
   l.w = b.select(valid, w, b.zeros(l.t, {l.n}));
   return l;

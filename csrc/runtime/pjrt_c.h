@@ -249,6 +249,44 @@ typedef const PJRT_Api* (*GetPjrtApiFn)();
 
 }  // extern "C"
 
+// Every slot we call sits at its number in the public ABI (function pointers
+// counted from PJRT_Error_Destroy = 0; the table only grows at its end). A
+// miscounted declaration above fails to compile here.
+#define TT_SLOT(name, index)                                                                            \
+  static_assert(offsetof(PJRT_Api, name) == offsetof(PJRT_Api, PJRT_Error_Destroy) + (index) * sizeof(void*), \
+                #name " is not PJRT_Api slot " #index)
+TT_SLOT(PJRT_Error_Destroy, 0);
+TT_SLOT(PJRT_Error_Message, 1);
+TT_SLOT(PJRT_Error_GetCode, 2);
+TT_SLOT(PJRT_Plugin_Initialize, 3);
+TT_SLOT(PJRT_Plugin_Attributes, 4);
+TT_SLOT(PJRT_Event_Destroy, 5);
+TT_SLOT(PJRT_Event_IsReady, 6);
+TT_SLOT(PJRT_Event_Await, 8);
+TT_SLOT(PJRT_Client_Create, 10);
+TT_SLOT(PJRT_Client_Destroy, 11);
+TT_SLOT(PJRT_Client_PlatformName, 12);
+TT_SLOT(PJRT_Client_PlatformVersion, 14);
+TT_SLOT(PJRT_Client_AddressableDevices, 16);
+TT_SLOT(PJRT_Client_Compile, 20);
+TT_SLOT(PJRT_Client_BufferFromHostBuffer, 22);
+TT_SLOT(PJRT_DeviceDescription_Id, 23);
+TT_SLOT(PJRT_DeviceDescription_Kind, 26);
+TT_SLOT(PJRT_Device_GetDescription, 29);
+TT_SLOT(PJRT_Device_MemoryStats, 34);
+TT_SLOT(PJRT_Executable_Destroy, 40);
+TT_SLOT(PJRT_Executable_NumOutputs, 44);
+TT_SLOT(PJRT_Executable_Serialize, 49);
+TT_SLOT(PJRT_LoadedExecutable_Destroy, 50);
+TT_SLOT(PJRT_LoadedExecutable_GetExecutable, 51);
+TT_SLOT(PJRT_LoadedExecutable_Execute, 55);
+TT_SLOT(PJRT_Executable_DeserializeAndLoad, 56);
+TT_SLOT(PJRT_Buffer_Destroy, 58);
+TT_SLOT(PJRT_Buffer_OnDeviceSizeInBytes, 64);
+TT_SLOT(PJRT_Buffer_ToHostBuffer, 70);
+TT_SLOT(PJRT_Buffer_ReadyEvent, 72);
+#undef TT_SLOT
+
 // The first API minor version whose table holds every slot declared above
 // (Device_MemoryStats and Executable_DeserializeAndLoad are the newest we use).
 constexpr int kTtMinPjrtMinor = 40;

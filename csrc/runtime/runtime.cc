@@ -175,6 +175,7 @@ std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Bu
 
 std::string Executable::serialize() const {
   const PJRT_Api* api = client_->api();
+  if (!api->PJRT_Executable_Serialize) return "";  // optional: no disk cache for this plugin
   auto g = TT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args, executable);
   g.loaded = e_;
   check(api, api->PJRT_LoadedExecutable_GetExecutable(&g), "LoadedExecutable_GetExecutable");
@@ -221,6 +222,35 @@ Client& Client::init(const std::string& path, const std::string& hint, int cpu_d
   if (api->struct_size < offsetof(PJRT_Api, PJRT_Buffer_ReadyEvent) + sizeof(void*))
     throw Error("PJRT plugin " + path + " has a function table of " + std::to_string(api->struct_size) +
                 " bytes, smaller than the " + std::to_string(sizeof(PJRT_Api)) + " torch_tpu uses");
+  // every slot we call must be filled (a plugin may leave optional ones null)
+  const std::pair<const char*, const void*> required[] = {
+      {"PJRT_Error_Destroy", reinterpret_cast<const void*>(api->PJRT_Error_Destroy)},
+      {"PJRT_Error_Message", reinterpret_cast<const void*>(api->PJRT_Error_Message)},
+      {"PJRT_Error_GetCode", reinterpret_cast<const void*>(api->PJRT_Error_GetCode)},
+      {"PJRT_Plugin_Initialize", reinterpret_cast<const void*>(api->PJRT_Plugin_Initialize)},
+      {"PJRT_Event_Destroy", reinterpret_cast<const void*>(api->PJRT_Event_Destroy)},
+      {"PJRT_Event_IsReady", reinterpret_cast<const void*>(api->PJRT_Event_IsReady)},
+      {"PJRT_Event_Await", reinterpret_cast<const void*>(api->PJRT_Event_Await)},
+      {"PJRT_Client_Create", reinterpret_cast<const void*>(api->PJRT_Client_Create)},
+      {"PJRT_Client_Destroy", reinterpret_cast<const void*>(api->PJRT_Client_Destroy)},
+      {"PJRT_Client_PlatformName", reinterpret_cast<const void*>(api->PJRT_Client_PlatformName)},
+      {"PJRT_Client_PlatformVersion", reinterpret_cast<const void*>(api->PJRT_Client_PlatformVersion)},
+      {"PJRT_Client_AddressableDevices", reinterpret_cast<const void*>(api->PJRT_Client_AddressableDevices)},
+      {"PJRT_Client_Compile", reinterpret_cast<const void*>(api->PJRT_Client_Compile)},
+      {"PJRT_Client_BufferFromHostBuffer", reinterpret_cast<const void*>(api->PJRT_Client_BufferFromHostBuffer)},
+      {"PJRT_DeviceDescription_Kind", reinterpret_cast<const void*>(api->PJRT_DeviceDescription_Kind)},
+      {"PJRT_Device_GetDescription", reinterpret_cast<const void*>(api->PJRT_Device_GetDescription)},
+      {"PJRT_Executable_Destroy", reinterpret_cast<const void*>(api->PJRT_Executable_Destroy)},
+      {"PJRT_Executable_NumOutputs", reinterpret_cast<const void*>(api->PJRT_Executable_NumOutputs)},
+      {"PJRT_LoadedExecutable_Destroy", reinterpret_cast<const void*>(api->PJRT_LoadedExecutable_Destroy)},
+      {"PJRT_LoadedExecutable_GetExecutable", reinterpret_cast<const void*>(api->PJRT_LoadedExecutable_GetExecutable)},
+      {"PJRT_LoadedExecutable_Execute", reinterpret_cast<const void*>(api->PJRT_LoadedExecutable_Execute)},
+      {"PJRT_Buffer_Destroy", reinterpret_cast<const void*>(api->PJRT_Buffer_Destroy)},
+      {"PJRT_Buffer_OnDeviceSizeInBytes", reinterpret_cast<const void*>(api->PJRT_Buffer_OnDeviceSizeInBytes)},
+      {"PJRT_Buffer_ToHostBuffer", reinterpret_cast<const void*>(api->PJRT_Buffer_ToHostBuffer)},
+  };
+  for (const auto& [name, fn] : required)
+    if (!fn) throw Error("PJRT plugin " + path + " does not implement " + name + ", which torch_tpu needs");
   c->api_ = api;
   auto init = TT_ARGS(PJRT_Plugin_Initialize_Args, ext);
   check(api, api->PJRT_Plugin_Initialize(&init), "Plugin_Initialize");
@@ -321,6 +351,7 @@ ExecutablePtr Client::deserialize(const std::string& bytes) {
   a.client = client_;
   a.bytes = bytes.data();
   a.bytes_size = bytes.size();
+  if (!api_->PJRT_Executable_DeserializeAndLoad) throw Error("the PJRT plugin cannot load serialized executables");
   check(api_, api_->PJRT_Executable_DeserializeAndLoad(&a), "Executable_DeserializeAndLoad");
   return std::make_shared<Executable>(this, a.loaded);
 }
@@ -347,6 +378,7 @@ MemoryStats Client::memory_stats(int dev) const {
   MemoryStats s;
   auto a = TT_ARGS(PJRT_Device_MemoryStats_Args, largest_free_block_bytes_is_set);
   a.device = device(dev);
+  if (!api_->PJRT_Device_MemoryStats) return MemoryStats{};
   PJRT_Error* e = api_->PJRT_Device_MemoryStats(&a);
   if (e) {
     try { check(api_, e, "Device_MemoryStats"); } catch (...) {}
