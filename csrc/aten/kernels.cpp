@@ -770,6 +770,7 @@ int64_t tpu_fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Ten
 }  // namespace
 
 lower::Precision current_precision() { return OpEnv::current_precision(); }
+std::string caller_site() { return python_site(); }
 
 // ---------------------------------------------------------------- registration
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&tpu_fallback>()); }

@@ -49,6 +49,9 @@ void reset_fallback_counts();
 std::vector<std::string> composed_op_names();
 bool expand_mask_indices(const at::Tensor& self, c10::List<std::optional<at::Tensor>>& indices);
 
+// "file.py:12 (in fn)": the innermost Python frame outside torch and torch_tpu, or "".
+std::string caller_site();
+
 // The matmul precision in effect on this thread (torch.tpu.precision, else the process-wide mode).
 lower::Precision current_precision();
 
