@@ -431,7 +431,10 @@ class Kernel:
         spec = self._specs.get(key)
         if spec is None:
             spec = self._specialize(key, args)
-        outs = _C._kernel_call(spec.id, [args[k] for k in self._tensor_pos])
+        tensors = [args[k] for k in self._tensor_pos]
+        outs = _C._kernel_call(spec.id, tensors)
+        if self._mutated:  # as for PyTorch's in-place ops: autograd sees that they changed
+            torch._C._increment_version([tensors[i] for i in self._mutated])
         if self.n_outputs == 0:
             return None
         return outs[0] if self.n_outputs == 1 else tuple(outs)
@@ -790,14 +793,41 @@ class JaxKernel(Kernel):
                               f"{', '.join(map(str, in_specs))}: {type(e).__name__}: {e}") from e
         if exp.nr_devices != 1:
             raise KernelError(f"kernel {self.name}: the exported function uses {exp.nr_devices} devices; kernels use one")
+        if exp.ordered_effects or exp.unordered_effects:
+            raise KernelError(f"kernel {self.name}: the function has side effects (callbacks, prints, ...), "
+                              "which a kernel cannot have")
         outs = []
         for a in exp.out_avals:
             d = str(a.dtype)
             if d not in _NP_TO_TORCH:
                 raise KernelError(f"kernel {self.name}: an output has dtype {d}, which tpu tensors do not have")
             outs.append([list(int(x) for x in a.shape), d])
+        kept = list(exp.module_kept_var_idx)
+        if kept != list(range(len(in_specs))):  # jax.export drops unused arguments: take them back
+            out_specs = [TensorSpec(tuple(sh), _NP_TO_TORCH[d]) for sh, d in outs]
+            text = _with_all_arguments(_strip_locations(text), in_specs, kept, out_specs, self.name)
         return {"format": 1, "name": self.name, "text": text, "outputs": outs,
                 "jax_version": jax.__version__, "platform": _jax_platform()}
+
+
+def _with_all_arguments(text, in_specs, kept, out_specs, name):
+    """The module with @main renamed @main_kept and a new @main that takes every
+    input and passes the kept ones on."""
+    body, _ = _parse_module(text, f"kernel {name}")
+    main = re.compile(r"@main(?![\w$.-])")
+    body = "".join(body[a:b] if is_str else main.sub("@main_kept", body[a:b])
+                   for a, b, is_str in _outside_strings(body))
+    args = ", ".join(f"%a{i}: {s.mlir}" for i, s in enumerate(in_specs))
+    kept_args = ", ".join(f"%a{i}" for i in kept)
+    kept_types = ", ".join(in_specs[i].mlir for i in kept)
+    res_types = ", ".join(s.mlir for s in out_specs)
+    n = len(out_specs)
+    lhs = "%r" if n == 1 else f"%r:{n}"
+    rets = "%r" if n == 1 else ", ".join(f"%r#{j}" for j in range(n))
+    wrapper = (f"  func.func public @main({args}) -> ({res_types}) {{\n"
+               f"    {lhs} = func.call @main_kept({kept_args}) : ({kept_types}) -> ({res_types})\n"
+               f"    return {rets} : {res_types}\n  }}\n")
+    return "module {\n" + wrapper + body + "\n}\n"
 
 
 class _nullcontext:

@@ -254,6 +254,15 @@ def test_mutated_argument_is_written_in_place(mode):
         torch.testing.assert_close(yt.cpu(), torch.stack([torch.ones(4), 2 * x + 1]))
 
 
+def test_mutation_bumps_the_version_counter_for_autograd():
+    w = torch.ones(4).tpu().requires_grad_()
+    y = torch.ones(4).tpu()
+    z = (w * y).sum()  # saves y for the backward
+    axpy(torch.ones(4).tpu(), y, 2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        z.backward()
+
+
 def test_mutated_argument_under_torch_compile(fresh_dynamo):
     @torch.compile(fullgraph=True)
     def f(x, y):
@@ -369,6 +378,19 @@ def test_jax_function_that_cannot_be_exported_is_a_clear_error():
         broken(torch.ones(3, 4).tpu())
 
 
+def test_jax_arguments_the_function_does_not_use_are_still_arguments():
+    pytest.importorskip("jax", reason="JAX is the optional extra torch_tpu[jax]")
+
+    @kernels.jax_op("tests::jax_unused")
+    def f(x: "jax.Array", unused: "jax.Array", y: "jax.Array") -> "tuple[jax.Array, jax.Array]":
+        return x * 2, y + 1  # jax.export drops `unused` from the module's @main
+
+    x, y = torch.arange(3.0), torch.arange(4.0)
+    a, b = f(x.tpu(), torch.ones(5).tpu(), y.tpu())
+    torch.testing.assert_close(a.cpu(), x * 2)
+    torch.testing.assert_close(b.cpu(), y + 1)
+
+
 def test_registration_errors():
     with pytest.raises(ValueError, match="namespace::op"):
         kernels.stablehlo_op("no_namespace", GOOD, schema="(Tensor x) -> Tensor")
@@ -383,10 +405,10 @@ def test_registration_errors():
 # ---------------------------------------------------------------- without JAX
 NO_JAX = r"""
 import sys
-sys.modules["jax"] = None  # any `import jax` now fails
 import torch, torch_tpu
-assert "jax" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
 from torch_tpu import kernels
+assert not any(m == "jax" or m.startswith("jax.") for m in sys.modules), "import torch_tpu imported JAX"
+sys.modules["jax"] = None  # from here on, any `import jax` fails
 sys.path.insert(0, sys.argv[1])
 import custom_kernels as ex  # defining the JAX kernels needs no JAX either
 x, w = torch.randn(4, 32), torch.randn(32)
