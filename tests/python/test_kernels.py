@@ -6,6 +6,7 @@ and inside torch.compile (no graph break, one program per graph); the trace cach
 replays and leaves graphs with kernels; mutation and donation; bad kernels raise
 KernelError and the process carries on; StableHLO kernels and cached JAX kernels
 run with JAX blocked."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -55,7 +56,11 @@ def inputs(name):
     return ex.pallas_matmul, torch.matmul, (torch.randn(16, 32, generator=g), torch.randn(32, 48, generator=g))
 
 
-EXAMPLES = ["rmsnorm", "xent", "pallas_matmul"]
+# (b) and (c) are JAX kernels: exporting them needs the optional extra torch_tpu[jax],
+# which CI installs (requirements.txt); without it only the StableHLO kernel can run
+needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None,
+                               reason="JAX (the optional extra torch_tpu[jax]) is not installed")
+EXAMPLES = ["rmsnorm", pytest.param("xent", marks=needs_jax), pytest.param("pallas_matmul", marks=needs_jax)]
 
 
 def value_and_grads(f, args, device):
@@ -168,6 +173,7 @@ def test_trace_cache_replays_and_leaves_graphs_with_kernels():
         torch_tpu._C._set_tracing(True, False)
 
 
+@needs_jax
 def test_two_kernels_and_repeated_calls_share_one_program():
     x, w = torch.randn(16, 32), torch.randn(32)
     xt, wt, ones = x.tpu(), w.tpu(), torch.ones(16, 16).tpu()  # uploads flush pending work: before
@@ -199,6 +205,7 @@ def test_static_arguments_and_shapes_specialise_once():
     assert len(keys) == 3
 
 
+@needs_jax
 def test_jax_kernel_is_exported_once_per_specialisation(monkeypatch):
     calls = []
     orig = kernels.JaxKernel._export
@@ -367,8 +374,8 @@ def test_bad_kernel_inside_a_deferred_graph_leaves_the_graph_usable():
         torch.testing.assert_close((y + 1).cpu(), torch.full((4,), 3.0))
 
 
+@needs_jax
 def test_jax_function_that_cannot_be_exported_is_a_clear_error():
-    pytest.importorskip("jax", reason="JAX is the optional extra torch_tpu[jax]")
 
     @kernels.jax_op("tests::jax_broken")
     def broken(x: "jax.Array") -> "jax.Array":
@@ -378,8 +385,8 @@ def test_jax_function_that_cannot_be_exported_is_a_clear_error():
         broken(torch.ones(3, 4).tpu())
 
 
+@needs_jax
 def test_jax_arguments_the_function_does_not_use_are_still_arguments():
-    pytest.importorskip("jax", reason="JAX is the optional extra torch_tpu[jax]")
 
     @kernels.jax_op("tests::jax_unused")
     def f(x: "jax.Array", unused: "jax.Array", y: "jax.Array") -> "tuple[jax.Array, jax.Array]":
@@ -413,6 +420,9 @@ sys.path.insert(0, sys.argv[1])
 import custom_kernels as ex  # defining the JAX kernels needs no JAX either
 x, w = torch.randn(4, 32), torch.randn(32)
 torch.testing.assert_close(ex.rmsnorm(x.tpu(), w.tpu(), 1e-6).cpu(), ex.rmsnorm_reference(x, w, 1e-6))
+print("STABLEHLO OK")
+if sys.argv[2] == "0":
+    sys.exit(0)
 a, b = torch.randn(16, 32), torch.randn(32, 16)
 torch.testing.assert_close(ex.pallas_matmul(a.tpu(), b.tpu()).cpu(), a @ b, rtol=1e-4, atol=1e-4)  # cached
 try:
@@ -425,40 +435,50 @@ print("OK", sys.modules["jax"] is None)
 
 
 def test_stablehlo_and_cached_jax_kernels_run_without_jax(tmp_path):
-    pytest.importorskip("jax", reason="JAX is the optional extra torch_tpu[jax]")
-    a = torch.randn(16, 32).tpu()
-    b = torch.randn(32, 16).tpu()
-    saved = dict(ex.pallas_matmul._specs)
-    torch_tpu._C._set_cache_dir(str(tmp_path))
-    try:
-        ex.pallas_matmul._specs.clear()  # export again, into this cache directory
-        ex.pallas_matmul(a, b)
-    finally:
-        torch_tpu._C._set_cache_dir("")
-        ex.pallas_matmul._specs.update(saved)
-    assert len(list((tmp_path / "kernels").glob("*.json"))) == 1
+    have_jax = importlib.util.find_spec("jax") is not None
+    if have_jax:  # export the Pallas kernel into this cache directory for the subprocess
+        a, b = torch.randn(16, 32).tpu(), torch.randn(32, 16).tpu()
+        saved = dict(ex.pallas_matmul._specs)
+        torch_tpu._C._set_cache_dir(str(tmp_path))
+        try:
+            ex.pallas_matmul._specs.clear()
+            ex.pallas_matmul(a, b)
+        finally:
+            torch_tpu._C._set_cache_dir("")
+            ex.pallas_matmul._specs.update(saved)
+        assert len(list((tmp_path / "kernels").glob("*.json"))) == 1
     env = dict(os.environ, TORCH_TPU_CACHE_DIR=str(tmp_path), PYTHONPATH=os.path.abspath(ROOT))
-    out = subprocess.run([sys.executable, "-c", NO_JAX, os.path.join(ROOT, "examples")], capture_output=True,
-                         text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", NO_JAX, os.path.join(ROOT, "examples"), str(int(have_jax))],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "OK True" in out.stdout, out.stdout
-    assert "ERROR kernel examples::pallas_matmul: JAX is needed to export" in out.stdout, out.stdout
+    assert "STABLEHLO OK" in out.stdout, out.stdout
+    if have_jax:  # the cached kernel ran; an uncached shape asks for JAX
+        assert "OK True" in out.stdout, out.stdout
+        assert "ERROR kernel examples::pallas_matmul: JAX is needed to export" in out.stdout, out.stdout
 
 
 # ---------------------------------------------------------------- Helion
-def test_helion_kernel_through_jax_fn():
-    helion = pytest.importorskip("helion", reason="Helion (PyPI helion, Pallas backend) is not a test dependency: "
-                                 "it pulls scikit-learn and scipy; see docs/KERNELS.md for the checked recipe")
+try:  # Helion kernels must be module-level functions (no closures)
+    import helion
     import helion.language as hl
+except ImportError:
+    helion = None
 
+if helion is not None:
     @helion.kernel(backend="pallas", pallas_interpret=True, config=helion.Config(block_sizes=[8, 8]))
-    def add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def helion_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         for tile in hl.tile(x.size()):
             out[tile] = x[tile] + y[tile]
         return out
 
-    k = kernels.jax_op("tests::helion_add", add.jax_fn, schema="(Tensor x, Tensor y) -> Tensor",
+
+@pytest.mark.skipif(helion is None, reason="Helion (PyPI helion, Pallas backend) is not a test dependency: it pulls "
+                    "scikit-learn and SciPy; docs/KERNELS.md has the recipe this test checks when it is installed")
+def test_helion_kernel_through_jax_fn():
+    k = kernels.jax_op("tests::helion_add", helion_add.jax_fn, schema="(Tensor x, Tensor y) -> Tensor",
                        cache_key="tests::helion_add v1")
     x, y = torch.randn(16, 16), torch.randn(16, 16)
-    torch.testing.assert_close(k(x.tpu(), y.tpu()).cpu(), x + y)
+    with torch_tpu.eager_mode(E.DEFER_AND_FUSE):
+        got = (k(x.tpu(), y.tpu()) * 2).cpu()  # fused with the op after it
+    torch.testing.assert_close(got, (x + y) * 2)
