@@ -159,3 +159,5 @@ def _install_printing():
 
 
 _install_printing()
+
+from . import kernels  # noqa: E402  (custom kernels; never imports JAX)

@@ -90,7 +90,9 @@ engine::StoragePtr storage_of(const at::TensorBase& t) {
   void* ctx = t.storage().data_ptr().get_context();
   TORCH_CHECK(ctx && t.storage().data_ptr().get_deleter() == &delete_holder,
               "torch_tpu: tensor storage was not allocated by the tpu allocator");
-  return *static_cast<engine::StoragePtr*>(ctx);
+  const auto& st = *static_cast<engine::StoragePtr*>(ctx);
+  TORCH_CHECK(!st->donated, *st->donated);  // the tensor was donated to a custom kernel
+  return st;
 }
 
 engine::View view_of(const at::TensorBase& t) {
@@ -320,11 +322,13 @@ void reset_metrics() {
 
 namespace tt::aten {
 void bind_compiled(py::module& m);  // compiled.cpp
+void bind_kernels(py::module& m);   // custom_kernels.cpp
 }
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu C++ core";
   aten::bind_compiled(m);
+  aten::bind_kernels(m);
   // Loads the PJRT plugin, creates the client and registers the device hooks
   // and every lowered op. Returns the number of devices.
   m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {

@@ -38,6 +38,9 @@ struct Storage {
   bool typed = false;
   rt::BufferPtr buffer;  // the materialised value; null = never written (reads as zeros)
   std::atomic<bool> alive{true};
+  // Set when the tensor on this storage was donated to a custom kernel: the
+  // message any later use raises.
+  std::shared_ptr<const std::string> donated;
   int64_t numel() const { return typed ? nbytes / hlo::itemsize(dtype) : 0; }
 };
 using StoragePtr = std::shared_ptr<Storage>;
@@ -317,12 +320,13 @@ class Engine {
   // keyed by program text, compile options, plugin platform and version.
   void set_cache_dir(const std::string& dir) { cache_dir_ = dir; }
   const std::string& cache_dir() const { return cache_dir_; }
+  // Program text -> executable through the memory and disk caches (throws rt::Error).
+  rt::ExecutablePtr compile(const std::string& text);
   // The StableHLO text of the last flushed program (debugging aid).
   const std::string& last_program() const { return *last_program_; }
 
  private:
   Engine() = default;
-  rt::ExecutablePtr compile(const std::string& text);
   static std::string describe_failure(const Graph& g, const std::string& what);
   rt::BufferPtr scalar_buffer(double v, bool is_int, DType t, int device);
   std::map<int, std::unique_ptr<Graph>> graphs_;

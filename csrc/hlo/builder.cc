@@ -156,8 +156,21 @@ std::string Builder::module(const std::vector<Value>& results) const {
   os << ") -> (" << types(results) << ") {\n" << body_ << "    return";
   for (size_t i = 0; i < results.size(); ++i) os << (i ? ", " : " ") << "%v" << results[i].id;
   if (!results.empty()) os << " : " << types(results);
-  os << "\n  }\n}\n";
+  os << "\n  }\n";
+  for (const auto& f : funcs_) os << *f.second << "\n";
+  os << "}\n";
   return os.str();
+}
+
+void Builder::add_function(const std::string& symbol, std::shared_ptr<const std::string> text) {
+  for (const auto& f : funcs_)
+    if (f.first == symbol) return;
+  funcs_.emplace_back(symbol, std::move(text));
+}
+
+std::vector<Value> Builder::call(const std::string& symbol, const std::vector<Value>& operands,
+                                 const std::vector<Type>& results) {
+  return emit_multi("func.call", operands, results, "callee = @" + symbol);
 }
 
 std::vector<Value> Builder::emit_multi(const std::string& op, const std::vector<Value>& operands,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -69,13 +70,14 @@ class Builder {
 
   // ---- checkpoints: drop everything emitted after a mark (a failed lowering)
   struct Mark {
-    size_t body = 0, params = 0;
+    size_t body = 0, params = 0, funcs = 0;
   };
-  Mark mark() const { return Mark{body_.size(), params_.size()}; }
+  Mark mark() const { return Mark{body_.size(), params_.size(), funcs_.size()}; }
   void rollback(const Mark& m) {
     body_.resize(m.body);
     params_.resize(m.params);
     param_ids_.resize(m.params);
+    funcs_.resize(m.funcs);
   }
 
   // ---- dry mode: values, types and parameters as usual, but no text. A graph
@@ -97,6 +99,14 @@ class Builder {
   // The module text with `results` returned from @main.
   std::string module(const std::vector<Value>& results) const;
   const std::string& body_text() const { return body_; }
+
+  // ---- private functions (custom kernels): `text` holds `func.func private @symbol`
+  // and the helpers it calls; the module prints it after @main, once per symbol.
+  // Recorded in dry mode too, so a graph that leaves a trace still has them.
+  void add_function(const std::string& symbol, std::shared_ptr<const std::string> text);
+  // func.call @symbol(operands) -> results
+  std::vector<Value> call(const std::string& symbol, const std::vector<Value>& operands,
+                          const std::vector<Type>& results);
 
   // ---- generic emission
   Value emit(const std::string& op, const std::vector<Value>& operands, const Type& result,
@@ -187,6 +197,7 @@ class Builder {
   std::vector<Type> params_;
   std::vector<int> param_ids_;
   std::vector<std::pair<int, int>> aliases_;
+  std::vector<std::pair<std::string, std::shared_ptr<const std::string>>> funcs_;
   std::string body_;
 };
 

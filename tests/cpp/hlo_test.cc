@@ -1,6 +1,8 @@
 // Golden-text tests of the StableHLO builder.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include "hlo/builder.h"
 
 using namespace tt::hlo;
@@ -77,4 +79,38 @@ TEST(Builder, DryModeNumbersValuesLikeTextMode) {
   Value t1 = text.add(a[0], a[1]), t2 = dry.add(d[0], d[1]);
   EXPECT_EQ(t1.id, t2.id);
   EXPECT_EQ(text.module({t1}), dry.module({t2}));
+}
+
+// Custom kernels: private functions are printed after @main once per symbol,
+// called with func.call, recorded in dry mode too and dropped by a rollback.
+TEST(Builder, PrivateFunctionsAndCalls) {
+  auto fn = std::make_shared<const std::string>(
+      "  func.func private @k_main(%a: tensor<2xf32>) -> tensor<2xf32> {\n"
+      "    return %a : tensor<2xf32>\n  }");
+  Builder b;
+  Value x = b.param(Type{DType::F32, {2}});
+  b.add_function("k_main", fn);
+  Value y = b.call("k_main", {x}, {x.type})[0];
+  b.add_function("k_main", fn);
+  auto two = b.call("k_main", {y}, {x.type, x.type});  // multi-result calls are rebound like any op
+  ASSERT_EQ(two.size(), 2u);
+  std::string text = b.module({two[1]});
+  EXPECT_NE(text.find("%v1 = \"func.call\"(%v0) {callee = @k_main} : (tensor<2xf32>) -> tensor<2xf32>"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("%v2:2 = \"func.call\"(%v1) {callee = @k_main}"), std::string::npos) << text;
+  EXPECT_EQ(text.find("func.func private @k_main"), text.rfind("func.func private @k_main")) << text;
+  EXPECT_GT(text.find("func.func private @k_main"), text.find("return %v")) << text;  // after @main
+
+  Builder dry;
+  dry.set_dry(true);
+  Value dx = dry.param(Type{DType::F32, {2}});
+  auto m = dry.mark();
+  dry.add_function("k_main", fn);
+  Value dy = dry.call("k_main", {dx}, {dx.type})[0];
+  EXPECT_EQ(dy.id, y.id);
+  dry.materialize(text.substr(0, 0));
+  EXPECT_NE(dry.module({}).find("@k_main"), std::string::npos);  // kept when the text takes over
+  dry.rollback(m);
+  EXPECT_EQ(dry.module({}).find("@k_main"), std::string::npos);
 }
