@@ -244,7 +244,9 @@ struct Nll {
   int64_t n;
   DType t;
 };
-Nll nll_targets(Ctx& c, Value x, Value tgt, size_t weight_arg, int64_t ignore_index) {
+// `check`: validate the targets on the device (the forward does; its backward reads the
+// same targets, and a second check would make every host read wait for the backward).
+Nll nll_targets(Ctx& c, Value x, Value tgt, size_t weight_arg, int64_t ignore_index, bool check) {
   Builder& b = c.b;
   Nll l;
   l.t = x.dtype();
@@ -257,7 +259,7 @@ Nll nll_targets(Ctx& c, Value x, Value tgt, size_t weight_arg, int64_t ignore_in
   l.x = x;
   Value valid = b.compare(tgt, b.constant_int(ignore_index, DType::S64, {l.n}), Cmp::NE);
   l.safe = b.select(valid, tgt, b.zeros(DType::S64, {l.n}));
-  check_range(c, l.safe, 0, x.shape()[1], true, "Target {} is out of bounds.");
+  if (check) check_range(c, l.safe, 0, x.shape()[1], true, "Target {} is out of bounds.");
   Value w = c.has(weight_arg) ? b.take(b.convert(c.in(weight_arg), l.t), l.safe, 0) : b.constant(1, l.t, {l.n});
   l.w = b.select(valid, w, b.zeros(l.t, {l.n}));
   return l;
@@ -526,7 +528,7 @@ void register_nn() {
   // nll_loss_forward(x, target, w?, reduction, ignore_index) -> (loss, total_weight)
   add_rule("aten::nll_loss_forward", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Nll l = nll_targets(c, c.in(0), c.in(1), 2, c.int_(4));
+    Nll l = nll_targets(c, c.in(0), c.in(1), 2, c.int_(4), true);
     Value picked = b.reshape(b.take_along(l.x, b.reshape(l.safe, {l.n, 1}), 1), {l.n});
     int64_t reduction = c.int_(3);
     Value loss = b.neg(b.mul(picked, l.w));
@@ -542,7 +544,7 @@ void register_nn() {
     Builder& b = c.b;
     Value g = c.in(0);
     Shape orig = c.in(1).shape();
-    Nll l = nll_targets(c, c.in(1), c.in(2), 3, c.int_(5));
+    Nll l = nll_targets(c, c.in(1), c.in(2), 3, c.int_(5), false);
     DType t = l.t;
     int64_t n = l.n, cls = l.x.shape()[1];
     int64_t reduction = c.int_(4);
