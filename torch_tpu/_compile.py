@@ -289,8 +289,10 @@ class CompiledGraph:
                 if kind == "program":
                     self._capture_segment(seg, k, readers, graph_outs, real, static, dev, only)
         single = None
-        if only and steps[0][1].outputs == self.out_args and not any(isinstance(n, _Pack) for n in steps[0][1].inputs):
-            seg = steps[0][1]
+        seg = steps[0][1] if only else None
+        if seg is not None and seg.outputs == self.out_args and all(
+                not isinstance(n, _Pack) and _is_tpu(real.get(n)) for n in seg.inputs):
+            # the whole graph is one program over tpu inputs: calls skip the step loop
             single = (seg.program, [self.placeholders.index(n) for n in seg.inputs])
         else:
             _stats["eager_nodes"] += sum(1 for kind, n in steps if kind == "host" and _on_tpu(n)

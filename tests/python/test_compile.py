@@ -337,3 +337,15 @@ def test_model_zoo_compiled_matches_cpu(name):
     torch.testing.assert_close(lt.cpu(), lc, rtol=1e-4, atol=1e-5)
     for (n, p), q in zip(cpu.named_parameters(), tpu.parameters()):
         torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-3, atol=1e-4, msg=lambda msg: f"{name}.{n}: {msg}")
+
+
+def test_cpu_tensors_in_and_out_of_a_compiled_graph():
+    f = torch.compile(lambda x, y: x.to("tpu") * 2 + y)
+    y = torch.ones(4, device="tpu")
+    for k in range(2):  # the CPU input is uploaded on every call
+        x = torch.arange(4.0) + k
+        torch.testing.assert_close(f(x, y).cpu(), x * 2 + 1)
+    g = torch.compile(lambda t: (t * 2).cpu() + 1)
+    out = g(torch.arange(3.0, device="tpu"))
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, torch.tensor([1.0, 3.0, 5.0]))
