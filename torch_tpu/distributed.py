@@ -70,6 +70,33 @@ def _wrap_init_process_group(orig):
     return init_process_group
 
 
+def _wrap_new_process_group_helper(orig):
+    """A "cpu:gloo,tpu:tpu_dist" group gets gloo as its default backend, as an
+    undefined-backend group does: PyTorch 2.13 looks for the first plugin's upper-case
+    name among lower-case backend names and so leaves the default unset (barrier() then
+    warns "No backend of type 0 found" at destroy_process_group)."""
+    if getattr(orig, "_tpu_default_backend", False):
+        return orig
+
+    @functools.wraps(orig)
+    def _new_process_group_helper(*args, **kwargs):
+        pg, store = orig(*args, **kwargs)
+        try:
+            from torch.distributed import ProcessGroup
+
+            if isinstance(pg, ProcessGroup) and pg._get_backend_name() == "undefined":
+                devices = [d.type for d in pg._device_types]
+                if "tpu" in devices:
+                    kind = ProcessGroup.BackendType.GLOO if "cpu" in devices else ProcessGroup.BackendType.CUSTOM
+                    pg._set_default_backend(kind)
+        except Exception:  # a cosmetic fix: never let it break group creation
+            pass
+        return pg, store
+
+    _new_process_group_helper._tpu_default_backend = True
+    return _new_process_group_helper
+
+
 def _register():
     import torch.distributed as dist
 
@@ -85,6 +112,7 @@ def _register():
     wrapped = _wrap_init_process_group(c10d.init_process_group)
     c10d.init_process_group = wrapped
     dist.init_process_group = wrapped
+    c10d._new_process_group_helper = _wrap_new_process_group_helper(c10d._new_process_group_helper)
     mesh = sys.modules.get("torch.distributed.device_mesh")
     if mesh is not None and hasattr(mesh, "init_process_group"):
         mesh.init_process_group = wrapped

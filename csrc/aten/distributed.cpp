@@ -272,6 +272,41 @@ class TpuBackend final : public c10d::Backend {
   }
   void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  // Coalescing (NCCL style): the calls between start and end run as they come;
+  // endCoalescing's Work completes when all of them have.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    coalescing_ = true;
+    coalesced_.clear();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    std::vector<WorkPtr> works;
+    {
+      std::lock_guard<std::mutex> l(inflight_mu_);
+      coalescing_ = false;
+      works.swap(coalesced_);
+    }
+    std::vector<at::Tensor> outputs;
+    c10::List<c10::intrusive_ptr<c10::ivalue::Future>> futures(c10::FutureType::create(c10::ListType::ofTensors()));
+    for (auto& w : works) {
+      for (auto& t : w->result()) outputs.push_back(t);
+      futures.push_back(w->getFuture());
+    }
+    auto all = c10::make_intrusive<TpuWork>(rank_, OpType::COALESCED, outputs);
+    if (works.empty()) {
+      all->done(nullptr);
+      return all;
+    }
+    c10::collectAll(futures)->addCallback([all, works](c10::ivalue::Future&) {
+      std::exception_ptr err;
+      for (auto& w : works)
+        if (!err && w->exception()) err = w->exception();
+      all->done(err);
+    });
+    return all;
+  }
+
   void shutdown() override {
     closed_ = true;
     gloo_->shutdown();
@@ -665,11 +700,19 @@ class TpuBackend final : public c10d::Backend {
       recv[i] = outputs[i].numel();
     }
     agree(op, OpType::ALLTOALL, dtype, 0, size_, -1, -1, &send, &recv);
+    // one flat exchange with per-peer sizes (gloo's list form needs equal sizes; NCCL's does not)
     auto host_in = read_to_host(inputs);
-    auto host_out = hosts_like(outputs);
+    std::vector<at::Tensor> parts;
+    for (auto& h : host_in) parts.push_back(h.reshape({-1}));
+    at::Tensor flat_in = at::cat(parts);
+    at::Tensor flat_out = at::empty({total_numel(outputs)}, flat_in.options());
     Job job;
-    job.gloo.push_back(gloo_->alltoall(host_out, host_in, opts));
-    job.write(outputs, host_out);
+    job.gloo.push_back(gloo_->alltoall_base(flat_out, flat_in, recv, send, opts));
+    int64_t off = 0;
+    for (auto& o : outputs) {
+      job.writes.emplace_back(o, flat_out.narrow(0, off, o.numel()).view(o.sizes()));
+      off += o.numel();
+    }
     return submit(OpType::ALLTOALL, outputs, std::move(job));
   }
 
@@ -859,15 +902,20 @@ class TpuBackend final : public c10d::Backend {
     });
   }
 
+  // Records an issued call: the storages it will write, and the coalesced group it belongs to.
+  void track(const WorkPtr& work, const std::vector<std::pair<at::Tensor, at::Tensor>>& writes) {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    if (coalescing_) coalesced_.push_back(work);
+    if (writes.empty()) return;
+    Inflight f{work, {}};
+    for (auto& w : writes) f.writes.push_back(storage_of(w.first));
+    inflight_.push_back(std::move(f));
+  }
+
   // Hands the call to a completion thread; returns its Work.
   c10::intrusive_ptr<c10d::Work> submit(OpType type, std::vector<at::Tensor> outputs, Job job, bool p2p = false) {
     auto work = c10::make_intrusive<TpuWork>(rank_, type, outputs);
-    if (!job.writes.empty()) {
-      Inflight f{work, {}};
-      for (auto& w : job.writes) f.writes.push_back(storage_of(w.first));
-      std::lock_guard<std::mutex> l(inflight_mu_);
-      inflight_.push_back(std::move(f));
-    }
+    track(work, job.writes);
     (p2p ? p2p_lane_ : lane_).push([work, job = std::move(job)]() mutable { complete(*work, job); });
     return work;
   }
@@ -911,11 +959,7 @@ class TpuBackend final : public c10d::Backend {
     std::vector<at::Tensor> hv{header};
     GlooWork hw = src >= 0 ? gloo_->recv(hv, src, header_tag(tag)) : gloo_->recvAnysource(hv, header_tag(tag));
     auto work = c10::make_intrusive<TpuWork>(rank_, type, tensors);
-    {
-      Inflight f{work, {storage_of(t)}};
-      std::lock_guard<std::mutex> l(inflight_mu_);
-      inflight_.push_back(std::move(f));
-    }
+    track(work, {{t, at::Tensor()}});
     auto gloo = gloo_;
     TpuWork* w = work.get();
     Job job;
@@ -947,6 +991,8 @@ class TpuBackend final : public c10d::Backend {
   std::atomic<int64_t> calls_{0};
   std::mutex inflight_mu_;
   std::vector<Inflight> inflight_;
+  bool coalescing_ = false;
+  std::vector<WorkPtr> coalesced_;
   // last: destroyed first, so the threads finish before the members they use go
   Lane p2p_lane_;
   Lane lane_;
