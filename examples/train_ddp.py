@@ -23,7 +23,13 @@ from train_gpt import GPT, CharData, make_corpus  # noqa: E402
 
 def build(args, vocab, device):
     torch.manual_seed(args.seed)  # same initial parameters on every rank and in the reference
-    return GPT(vocab, d=args.d, layers=args.layers, block=args.block, dropout=args.dropout).to(device)
+    return GPT(vocab, d=args.dmodel, layers=args.layers, block=args.block, dropout=args.dropout).to(device)
+
+
+def make_opt(args, params):
+    if args.opt == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
 
 
 def main():
@@ -32,10 +38,13 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16, help="global batch (split over the ranks)")
     ap.add_argument("--block", type=int, default=32)
-    ap.add_argument("--d", type=int, default=64)
+    ap.add_argument("--dmodel", type=int, default=64)  # not --d: torchrun would take it
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--opt", choices=["adamw", "sgd"], default="adamw",
+                    help="sgd (momentum 0.9) for --check: Adam turns the rounding noise of zero "
+                         "gradients (the attention's key bias) into lr-sized steps")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", action="store_true", help="compare with one process on the full batch")
     ap.add_argument("--precision", default=None, help="torch.set_float32_matmul_precision value")
@@ -55,7 +64,7 @@ def main():
 
     data = CharData(make_corpus(), args.block, "cpu")
     model = DDP(build(args, data.vocab, device), device_ids=[local_rank] if device.type == "tpu" else None)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    opt = make_opt(args, model.parameters())
     gen = torch.Generator().manual_seed(args.seed)
     batches, times, losses = [], [], []
     for step in range(args.steps):
@@ -79,7 +88,7 @@ def main():
 
     if args.check:
         ref = build(args, data.vocab, device)
-        ref_opt = torch.optim.AdamW(ref.parameters(), lr=args.lr, weight_decay=0.01)
+        ref_opt = make_opt(args, ref.parameters())
         ref_losses = []
         for x, y in batches:
             _, loss = ref(x.to(device), y.to(device))
