@@ -320,6 +320,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     const char* op = "broadcast";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     int64_t root = opts.rootRank * static_cast<int64_t>(tensors.size()) + opts.rootTensor;
@@ -335,6 +336,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     const char* op = "allreduce";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     auto red = reduction(op, opts.reduceOp, dtype);
@@ -354,6 +356,7 @@ class TpuBackend final : public c10d::Backend {
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     const char* op = "allreduce_coalesced";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     auto red = reduction(op, opts.reduceOp, dtype);
@@ -382,6 +385,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     const char* op = "reduce";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     auto red = reduction(op, opts.reduceOp, dtype);
@@ -404,6 +408,7 @@ class TpuBackend final : public c10d::Backend {
                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override {
     const char* op = "allgather";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, kName, ": ", op,
                 " takes one input tensor and one output list per process");
     auto outs = outputs[0];
@@ -428,6 +433,7 @@ class TpuBackend final : public c10d::Backend {
                                                  const c10d::AllgatherOptions& opts) override {
     const char* op = "all_gather_into_tensor";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     std::vector<at::Tensor> ins{input}, outs{output};
     begin(op, ins, outs);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
@@ -448,6 +454,7 @@ class TpuBackend final : public c10d::Backend {
                                                      const c10d::AllgatherOptions& opts) override {
     const char* op = "allgather_coalesced";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     std::vector<at::Tensor> all_out;
     for (auto& l : output_lists) all_out.insert(all_out.end(), l.begin(), l.end());
     begin(op, inputs, all_out);
@@ -475,6 +482,7 @@ class TpuBackend final : public c10d::Backend {
                                                                  const c10d::AllgatherOptions& opts) override {
     const char* op = "allgather_into_tensor_coalesced";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, inputs, outputs);
     TORCH_CHECK(outputs.size() == inputs.size(), kName, ": ", op, ": ", outputs.size(), " outputs for ",
                 inputs.size(), " inputs");
@@ -496,6 +504,7 @@ class TpuBackend final : public c10d::Backend {
                                         const c10d::GatherOptions& opts) override {
     const char* op = "gather";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(inputs.size() == 1, kName, ": ", op, " takes one input tensor per process");
     bool is_root = opts.rootRank == rank_;
     std::vector<at::Tensor> outs;
@@ -526,6 +535,7 @@ class TpuBackend final : public c10d::Backend {
                                          const c10d::ScatterOptions& opts) override {
     const char* op = "scatter";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(outputs.size() == 1, kName, ": ", op, " takes one output tensor per process");
     bool is_root = opts.rootRank == rank_;
     std::vector<at::Tensor> ins;
@@ -557,6 +567,7 @@ class TpuBackend final : public c10d::Backend {
                                                 const c10d::ReduceScatterOptions& opts) override {
     const char* op = "reduce_scatter";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, kName, ": ", op,
                 " takes one output tensor and one input list per process");
     auto ins = inputs[0];
@@ -591,6 +602,7 @@ class TpuBackend final : public c10d::Backend {
                                                       const c10d::ReduceScatterOptions& opts) override {
     const char* op = "reduce_scatter_tensor";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     std::vector<at::Tensor> ins{input}, outs{output};
     begin(op, ins, outs);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
@@ -617,6 +629,7 @@ class TpuBackend final : public c10d::Backend {
                                                                  const c10d::ReduceScatterOptions& opts) override {
     const char* op = "reduce_scatter_tensor_coalesced";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, inputs, outputs);
     TORCH_CHECK(outputs.size() == inputs.size(), kName, ": ", op, ": ", outputs.size(), " outputs for ",
                 inputs.size(), " inputs");
@@ -646,6 +659,7 @@ class TpuBackend final : public c10d::Backend {
                                                const c10d::AllToAllOptions& opts) override {
     const char* op = "all_to_all_single";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     std::vector<at::Tensor> ins{input}, outs{output};
     begin(op, ins, outs);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
@@ -688,6 +702,7 @@ class TpuBackend final : public c10d::Backend {
                                           const c10d::AllToAllOptions& opts) override {
     const char* op = "all_to_all";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     begin(op, inputs, outputs);
     TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, kName, ": ",
                 op, " needs ", size_, " input and output tensors");
@@ -719,6 +734,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     const char* op = "barrier";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     check_open(op);
     {  // the device's queued work is part of what the barrier waits for
       std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -735,6 +751,7 @@ class TpuBackend final : public c10d::Backend {
 
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     check_open("monitored_barrier");
     gloo_->monitoredBarrier(opts, wait_all_ranks);
   }
@@ -743,6 +760,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     const char* op = "send";
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(tensors.size() == 1, kName, ": ", op, " takes one tensor");
     begin(op, tensors);
     check_peer(op, dst);
@@ -760,6 +778,7 @@ class TpuBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(tensors.size() == 1, kName, ": recv takes one tensor");
     begin("recv", tensors);
     check_peer("recv", src);
@@ -768,6 +787,7 @@ class TpuBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
     NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
     TORCH_CHECK(tensors.size() == 1, kName, ": recv takes one tensor");
     begin("recv", tensors);
     return receive(tensors, -1, tag, OpType::RECVANYSOURCE);
@@ -989,6 +1009,7 @@ class TpuBackend final : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::atomic<bool> closed_{false};
   std::atomic<int64_t> calls_{0};
+  std::mutex issue_mu_;  // calls from several threads are issued one at a time (same order on both sides of gloo)
   std::mutex inflight_mu_;
   std::vector<Inflight> inflight_;
   bool coalescing_ = false;
