@@ -21,17 +21,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
 
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "aten/tpu.h"
 
@@ -249,6 +253,22 @@ std::string describe_row(const int64_t* f, const char* name) {
   if (f[kReduce] >= 0) s << ", " << reduce_name(static_cast<ReduceOp::RedOpType>(f[kReduce]));
   s << ", call #" << f[kCall] << ")";
   return s.str();
+}
+
+std::atomic<int> g_spmd_device{-1};  // the device of the replicated capture in progress (torch_tpu.spmd)
+
+// A collective cannot be part of a torch.compile capture (it moves data between
+// processes): on a capturing device this ends the capture with a capture break,
+// so the node runs between programs, before any rank has communicated.
+void not_in_capture(int device) {
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto& eng = Engine::get();
+  if (!eng.capture_graph(device) || g_spmd_device.load() == device) return;
+  try {
+    eng.flush(device);  // throws CaptureBreak and marks the capture broken
+  } catch (const rt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
 }
 
 // ---------------------------------------------------------------- the backend
@@ -828,6 +848,8 @@ class TpuBackend final : public c10d::Backend {
     check_open(op);
     check_all(op, a);
     check_all(op, b);
+    for (auto* v : {&a, &b})
+      for (auto& t : *v) not_in_capture(t.device().index());
     std::set<const engine::Storage*> mine;
     for (auto* v : {&a, &b})
       for (auto& t : *v) mine.insert(storage_of(t).get());
@@ -1019,9 +1041,294 @@ class TpuBackend final : public c10d::Backend {
   Lane lane_;
 };
 
+// ---------------------------------------------------------------- in-program collectives (v2)
+// A capture whose functional collectives (torch.ops._c10d_functional.*) become
+// StableHLO collectives with replica groups, built into one program for N
+// replicas on devices 0..N-1 of this process (torch_tpu/spmd.py drives it).
+
+std::string replica_groups_attr(const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(!groups.empty() && !groups[0].empty(), "torch_tpu.spmd: empty replica groups");
+  std::ostringstream s;
+  s << "replica_groups = dense<[";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    TORCH_CHECK(groups[i].size() == groups[0].size(), "torch_tpu.spmd: replica groups must have one size");
+    s << (i ? ", " : "") << "[";
+    for (size_t j = 0; j < groups[i].size(); ++j) s << (j ? ", " : "") << groups[i][j];
+    s << "]";
+  }
+  s << "]> : tensor<" << groups.size() << "x" << groups[0].size() << "xi64>";
+  return s.str();
+}
+
+// The combiner region of a reducing collective, and whether the result is divided by the group size (avg).
+std::pair<std::string, bool> combiner(const std::string& reduce_op, hlo::DType t) {
+  static const std::map<std::string, std::string> ops = {
+      {"sum", "add"}, {"avg", "add"}, {"product", "multiply"}, {"min", "minimum"}, {"max", "maximum"},
+      {"band", "and"}, {"bor", "or"}, {"bxor", "xor"}};
+  auto it = ops.find(reduce_op);
+  TORCH_CHECK(it != ops.end(), "torch_tpu.spmd: reduce op '", reduce_op, "' is not supported in a program");
+  std::string st = hlo::Type{t, {}}.str();
+  std::string region = "{\n    ^bb0(%tt_a: " + st + ", %tt_b: " + st + "):\n      %tt_r = \"stablehlo." + it->second +
+                       "\"(%tt_a, %tt_b) : (" + st + ", " + st + ") -> " + st + "\n      \"stablehlo.return\"(%tt_r) : (" +
+                       st + ") -> ()\n    }";
+  return {region, reduce_op == "avg"};
+}
+
+// Adds `out = f(in)` to the capture on in's device; out has `out_sizes`.
+at::Tensor emit_collective(const std::string& name, const at::Tensor& in, const std::vector<int64_t>& out_sizes,
+                           const std::function<hlo::Value(hlo::Builder&, hlo::Value)>& f) {
+  TORCH_CHECK(in.device().type() == kTpu, "torch_tpu.spmd: ", name, " needs a tpu tensor");
+  NoGil nogil;
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto& eng = Engine::get();
+  engine::Graph* g = eng.capture_graph(in.device().index());
+  TORCH_CHECK(g, "torch_tpu.spmd: ", name, " outside a replicated capture");
+  at::Tensor out = at::empty(out_sizes, in.options());
+  engine::Op op{name, "", false, "", {}, {}};
+  try {
+    eng.apply(*g, op, [&] {
+      hlo::Value v = g->load(view_of(in));
+      g->store(view_of(out), f(g->b, v));
+      return lower::Reads{};
+    });
+  } catch (const rt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return out;
+}
+
+int64_t group_size_of(const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(!groups.empty(), "torch_tpu.spmd: no replica groups");
+  return static_cast<int64_t>(groups[0].size());
+}
+
+at::Tensor spmd_all_reduce(const at::Tensor& x, const std::string& reduce_op,
+                           const std::vector<std::vector<int64_t>>& groups) {
+  auto attrs = replica_groups_attr(groups);
+  int64_t k = group_size_of(groups);
+  return emit_collective("_c10d_functional::all_reduce", x, x.sizes().vec(), [&](hlo::Builder& b, hlo::Value v) {
+    auto [region, avg] = combiner(reduce_op, v.dtype());
+    hlo::Value r = b.emit_multi("stablehlo.all_reduce", {v}, {v.type}, attrs, region)[0];
+    return avg ? b.div(r, b.scalar_like(static_cast<double>(k), r)) : r;
+  });
+}
+
+at::Tensor spmd_all_gather(const at::Tensor& x, int64_t group_size, const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(group_size == group_size_of(groups), "torch_tpu.spmd: all_gather_into_tensor over ", group_size,
+              " ranks, but the replica groups have ", group_size_of(groups));
+  TORCH_CHECK(x.dim() >= 1, "torch_tpu.spmd: all_gather_into_tensor needs a tensor with a dimension");
+  auto out = x.sizes().vec();
+  out[0] *= group_size;
+  auto attrs = "all_gather_dim = 0 : i64, " + replica_groups_attr(groups);
+  return emit_collective("_c10d_functional::all_gather_into_tensor", x, out, [&](hlo::Builder& b, hlo::Value v) {
+    return b.emit_multi("stablehlo.all_gather", {v}, {hlo::Type{v.dtype(), out}}, attrs)[0];
+  });
+}
+
+at::Tensor spmd_reduce_scatter(const at::Tensor& x, const std::string& reduce_op, int64_t group_size,
+                               const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(group_size == group_size_of(groups), "torch_tpu.spmd: reduce_scatter_tensor over ", group_size,
+              " ranks, but the replica groups have ", group_size_of(groups));
+  TORCH_CHECK(x.dim() >= 1 && x.size(0) % group_size == 0, "torch_tpu.spmd: reduce_scatter_tensor needs a first "
+              "dimension divisible by the group size ", group_size, ", got ", x.sizes());
+  auto out = x.sizes().vec();
+  out[0] /= group_size;
+  auto attrs = "scatter_dimension = 0 : i64, " + replica_groups_attr(groups);
+  return emit_collective("_c10d_functional::reduce_scatter_tensor", x, out, [&](hlo::Builder& b, hlo::Value v) {
+    auto [region, avg] = combiner(reduce_op, v.dtype());
+    hlo::Value r = b.emit_multi("stablehlo.reduce_scatter", {v}, {hlo::Type{v.dtype(), out}}, attrs, region)[0];
+    return avg ? b.div(r, b.scalar_like(static_cast<double>(group_size), r)) : r;
+  });
+}
+
+at::Tensor spmd_all_to_all(const at::Tensor& x, const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits, const std::vector<std::vector<int64_t>>& groups) {
+  int64_t k = group_size_of(groups);
+  TORCH_CHECK(x.dim() >= 1 && x.size(0) % k == 0, "torch_tpu.spmd: all_to_all_single needs a first dimension "
+              "divisible by the group size ", k, ", got ", x.sizes());
+  for (auto* splits : {&out_splits, &in_splits})
+    for (int64_t v : *splits)
+      TORCH_CHECK(v == x.size(0) / k, "torch_tpu.spmd: all_to_all_single inside a program needs equal splits "
+                  "(stablehlo.all_to_all); uneven splits run through the tpu_dist backend outside programs");
+  auto attrs = "split_dimension = 0 : i64, concat_dimension = 0 : i64, split_count = " + std::to_string(k) +
+               " : i64, " + replica_groups_attr(groups);
+  return emit_collective("_c10d_functional::all_to_all_single", x, x.sizes().vec(), [&](hlo::Builder& b, hlo::Value v) {
+    return b.emit_multi("stablehlo.all_to_all", {v}, {v.type}, attrs)[0];
+  });
+}
+
+// Where a tensor lies in its storage (outputs of a replicated program are made again per replica).
+struct SpmdLayout {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0, storage_numel = 0;
+  c10::ScalarType dtype = c10::kFloat;
+  static SpmdLayout of(const at::Tensor& t) {
+    return SpmdLayout{t.sizes().vec(), t.strides().vec(), t.storage_offset(),
+                      static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size()),
+                      t.scalar_type()};
+  }
+  bool matches(const at::Tensor& t) const {
+    return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+           t.storage_offset() == offset &&
+           static_cast<int64_t>(t.storage().nbytes()) == storage_numel * static_cast<int64_t>(t.element_size());
+  }
+};
+
+class ReplicatedProgram {
+ public:
+  engine::Program program;
+  int replicas = 0;
+  std::vector<SpmdLayout> inputs;
+  struct Out {
+    bool is_input = false;
+    int index = 0;  // input number, or output slot
+    SpmdLayout layout;
+  };
+  std::vector<Out> outs;
+  std::vector<SpmdLayout> slots;  // per output slot: its storage's size and type
+
+  std::string text() const { return program.text ? *program.text : ""; }
+
+  std::vector<std::vector<at::Tensor>> run(const std::vector<std::vector<at::Tensor>>& args) {
+    TORCH_CHECK(static_cast<int>(args.size()) == replicas, "torch_tpu.spmd: the program has ", replicas,
+                " replicas, got arguments for ", args.size());
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto& eng = Engine::get();
+    std::vector<std::vector<engine::StoragePtr>> in(replicas), out(replicas);
+    std::vector<std::vector<at::Tensor>> bases(replicas);
+    for (int r = 0; r < replicas; ++r) {
+      eng.flush(r);
+      TORCH_CHECK(args[r].size() == inputs.size(), "torch_tpu.spmd: replica ", r, " got ", args[r].size(),
+                  " tensors, the program takes ", inputs.size());
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        const at::Tensor& t = args[r][k];
+        TORCH_CHECK(t.defined() && t.device().type() == kTpu && t.device().index() == r, "torch_tpu.spmd: input ", k,
+                    " of replica ", r, " must be on tpu:", r);
+        TORCH_CHECK(inputs[k].matches(t), "torch_tpu.spmd: input ", k, " of replica ", r,
+                    " has another shape, dtype or layout than at capture");
+        in[r].push_back(storage_of(t));
+      }
+      for (const auto& sl : slots) {
+        c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(r)));
+        bases[r].push_back(at::empty({sl.storage_numel}, at::TensorOptions().dtype(sl.dtype).device(kTpu, r)));
+        out[r].push_back(storage_of(bases[r].back()));
+      }
+    }
+    try {
+      eng.run_replicated(program, in, out);
+    } catch (const rt::Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    std::vector<std::vector<at::Tensor>> result(replicas);
+    for (int r = 0; r < replicas; ++r)
+      for (const auto& o : outs)
+        result[r].push_back(o.is_input ? args[r][o.index]
+                                       : bases[r][o.index].as_strided(o.layout.sizes, o.layout.strides, o.layout.offset));
+    return result;
+  }
+};
+
+bool g_spmd_checks = true;  // device checks, restored when the replicated capture ends
+
+// _c10d_functional::wait_tensor on tpu: waits for the collective that writes the
+// tensor (c10d's work registry). In a torch.compile capture it is a capture break,
+// so the wait runs between the programs before the ones that read the result.
+at::Tensor tpu_wait_tensor(const at::Tensor& t) {
+  NoGil nogil;
+  if (t.device().type() == kTpu) not_in_capture(t.device().index());
+  return c10d::wait_tensor(t);
+}
+
 }  // namespace
 
+TORCH_LIBRARY_IMPL(_c10d_functional, PrivateUse1, m) { m.impl("wait_tensor", TORCH_FN(tpu_wait_tensor)); }
+
 void bind_distributed(py::module& m) {
+  // ---- in-program collectives: a replicated capture (driven by torch_tpu/spmd.py)
+  py::class_<ReplicatedProgram, std::shared_ptr<ReplicatedProgram>>(m, "ReplicatedProgram")
+      .def("run", &ReplicatedProgram::run, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("text", &ReplicatedProgram::text)
+      .def_readonly("replicas", &ReplicatedProgram::replicas);
+  m.def("_spmd_begin", [](int device) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    TORCH_CHECK(g_spmd_device.load() < 0, "torch_tpu.spmd: a replicated capture is already in progress");
+    auto& eng = Engine::get();
+    try {
+      eng.begin_capture(device);
+    } catch (const rt::Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    g_spmd_checks = eng.device_checks();
+    eng.set_device_checks(false);  // the check word is a per-device storage: not part of replicated programs
+    g_spmd_device = device;
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_input", [](const at::Tensor& t, int k) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Graph* g = Engine::get().capture_graph(t.device().index());
+    TORCH_CHECK(g && g_spmd_device.load() == t.device().index(), "torch_tpu.spmd: no replicated capture on ", t.device());
+    g->bind_external(storage_of(t), engine::Slot::Kind::Input, k);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_abort", [] {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    int d = g_spmd_device.exchange(-1);
+    if (d < 0) return;
+    Engine::get().end_capture(d);
+    Engine::get().set_device_checks(g_spmd_checks);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_end", [](const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs, int replicas) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto& eng = Engine::get();
+    int d = g_spmd_device.exchange(-1);
+    TORCH_CHECK(d >= 0, "torch_tpu.spmd: no replicated capture in progress");
+    eng.set_device_checks(g_spmd_checks);
+    auto g = eng.end_capture(d);
+    TORCH_CHECK(g, "torch_tpu.spmd: the capture was lost");
+    TORCH_CHECK(d == 0, "torch_tpu.spmd: replicas run on devices 0..N-1, capture on tpu:0");
+    TORCH_CHECK(replicas >= 1 && replicas <= device_count(), "torch_tpu.spmd: ", replicas, " replicas for ",
+                device_count(), " devices (TORCH_TPU_NUM_DEVICES)");
+    auto rp = std::make_shared<ReplicatedProgram>();
+    rp->replicas = replicas;
+    std::unordered_map<const engine::Storage*, int> input_of, slot_of;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      rp->inputs.push_back(SpmdLayout::of(inputs[k]));
+      input_of[storage_of(inputs[k]).get()] = static_cast<int>(k);
+    }
+    for (const auto& t : outputs) {
+      ReplicatedProgram::Out o;
+      o.layout = SpmdLayout::of(t);
+      auto st = storage_of(t);
+      auto in = input_of.find(st.get());
+      if (in != input_of.end()) {
+        o.is_input = true;
+        o.index = in->second;
+      } else {
+        TORCH_CHECK(!st->buffer, "torch_tpu.spmd: an output of a replicated program must be computed by it (got a "
+                    "tensor that existed before the capture)");
+        auto [it, fresh] = slot_of.emplace(st.get(), static_cast<int>(rp->slots.size()));
+        if (fresh) {
+          g->bind_external(st, engine::Slot::Kind::Output, it->second);
+          SpmdLayout sl = o.layout;
+          sl.storage_numel = st->nbytes / static_cast<int64_t>(t.element_size());
+          rp->slots.push_back(sl);
+        }
+        o.index = it->second;
+      }
+      rp->outs.push_back(std::move(o));
+    }
+    try {
+      rp->program = eng.build_replicated(*g, replicas);
+    } catch (const rt::Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    eng.metrics.captures++;
+    return rp;
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_all_reduce", &spmd_all_reduce, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_all_gather", &spmd_all_gather, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_reduce_scatter", &spmd_reduce_scatter, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_all_to_all", &spmd_all_to_all, py::call_guard<py::gil_scoped_release>());
+
+  // ---- the c10d backend
   try {
     py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind
     py::class_<TpuBackend, c10d::Backend, c10::intrusive_ptr<TpuBackend>>(m, "TpuDistBackend",

@@ -149,3 +149,15 @@ def test_train_ddp_example(mode):
     out = torchrun(os.path.join(ROOT, "examples", "train_ddp.py"), "--steps", "3", "--opt", "sgd", "--lr", "0.1",
                    "--check", env=env)
     assert out.count("CHECK OK") == 2, out[-4000:]
+
+
+# ---------------------------------------------------------------- in-program collectives (one process)
+def test_in_program_collectives_on_two_devices():
+    """torch_tpu.spmd: functional collectives lowered to StableHLO collectives with
+    replica groups, one program for 2 replicas on tpu:0 and tpu:1 of one process."""
+    e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), TORCH_TPU_NUM_DEVICES="2")
+    p = subprocess.run([sys.executable, os.path.join(SCRIPTS, "spmd_collectives.py")], env=e, capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "ALL PASSED" in p.stdout
+    assert "PASS functional collectives lowered into one replicated program" in p.stdout

@@ -329,6 +329,23 @@ def _():
     same(a2a, exp, "funcol.all_to_all_single")
 
 
+@check("torch.compile with functional collectives (they run between the programs)")
+def _():
+    def f(x):
+        y = x * 2
+        s = funcol.all_reduce(y, "sum", dist.group.WORLD)
+        g = funcol.all_gather_tensor(s + 1, 0, dist.group.WORLD)
+        return g.sum(0) * 3
+
+    cf = torch.compile(f)
+    for k in range(2):  # the second call runs the compiled variant again
+        x = torch.arange(4.0, device=TPU) + R + k
+        same(cf(x), f(x).cpu(), "compiled funcol == eager", exact=False)
+        s_ = 2 * (torch.arange(4.0) * W + sum(range(W)) + W * k)
+        exp = 3 * W * (s_ + 1).sum()
+        same(cf(x), exp, "compiled funcol value", exact=False)
+
+
 @check("subgroups (new_group, singleton groups, new_subgroups)")
 def _():
     g = dist.new_group([0, 1])
