@@ -38,6 +38,16 @@ def _cache_dir():
     return _os.path.join(base, "torch_tpu")
 
 
+def _num_cpu_devices():
+    """Devices of the XLA CPU plugin: TORCH_TPU_NUM_DEVICES, else one per local process
+    under torchrun (LOCAL_WORLD_SIZE), so `tpu:{local_rank}` exists in every process as
+    `cuda:{local_rank}` does; each process uses its own. Other plugins find their devices."""
+    n = _os.environ.get("TORCH_TPU_NUM_DEVICES")
+    if n is None:
+        n = _os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return max(1, int(n))
+
+
 def _start():
     from . import _C
 
@@ -48,7 +58,7 @@ def _start():
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         path, platform = _plugin.find_plugin()
-        n = int(_os.environ.get("TORCH_TPU_NUM_DEVICES", "1"))
+        n = _num_cpu_devices()
         _C._init(str(path), platform, n)
     except Exception as e:  # the device stays unavailable; CPU PyTorch keeps working
         _device_module._init_error = str(e)
@@ -76,6 +86,13 @@ def _start():
     from . import _compile
 
     _compile.install_default_backend()
+    # torch.distributed: the c10d backend "tpu_dist" (also "tpu"), see torch_tpu/distributed.py
+    try:
+        from . import distributed as _distributed
+
+        _distributed._register()
+    except Exception as e:  # tpu keeps working without it
+        _warnings.warn(f"torch_tpu: the tpu_dist backend could not be registered: {e}")
     import atexit
 
     atexit.register(_flush_at_exit)

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "aten/tpu.h"
@@ -223,6 +224,38 @@ std::pair<uint64_t, uint64_t> generator_take(int device, uint64_t n) {
   return {impl->seed_, off};
 }
 
+// ---------------------------------------------------------------- storage resize
+// The storage gets a fresh value of `newsize` bytes: its prefix in common with the
+// old value is copied on the device, the rest reads as zeros; resize to 0 drops the
+// buffer. Caller holds the engine lock.
+void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
+  auto* impl = storage.unsafeGetStorageImpl();
+  size_t old_bytes = impl->nbytes();
+  if (newsize == old_bytes) return;
+  TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
+  void* ctx = impl->data_ptr().get_context();
+  TORCH_CHECK(ctx && impl->data_ptr().get_deleter() == &delete_holder,
+              "torch_tpu: storage was not allocated by the tpu allocator");
+  engine::StoragePtr old = *static_cast<engine::StoragePtr*>(ctx);
+  c10::DeviceGuard guard(storage.device());
+  c10::DataPtr fresh = g_allocator.allocate(newsize);
+  engine::StoragePtr ns = *static_cast<engine::StoragePtr*>(fresh.get_context());
+  if (old->typed) {
+    ns->dtype = old->dtype;
+    ns->typed = true;
+    int64_t keep = static_cast<int64_t>(std::min(old_bytes, newsize)) / hlo::itemsize(old->dtype);
+    if (keep > 0 && old->numel() > 0) {
+      auto& eng = engine::Engine::get();
+      auto& g = eng.graph(old->device);
+      eng.copy_view(g, engine::View{old, 0, {keep}, {1}, old->dtype}, engine::View{ns, 0, {keep}, {1}, old->dtype},
+                    "UntypedStorage.resize_");
+      eng.op_done(old->device);
+    }
+  }
+  impl->set_data_ptr_noswap(std::move(fresh));
+  impl->set_nbytes(newsize);
+}
+
 // ---------------------------------------------------------------- hooks
 namespace {
 struct TpuHooks final : public at::PrivateUse1HooksInterface {
@@ -243,9 +276,13 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   c10::DeviceIndex getCurrentDevice() const override { return static_cast<c10::DeviceIndex>(current_device()); }
   void setCurrentDevice(c10::DeviceIndex d) const override { set_current_device(d); }
+  // untyped_storage().resize_(n): FSDP2 frees a parameter's memory with resize_(0) and
+  // allocates it again with resize_(n) before an all-gather fills it.
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    TORCH_CHECK(newsize <= storage.nbytes(), "torch_tpu: growing a tpu storage in place is not supported");
-    storage.unsafeGetStorageImpl()->set_nbytes(newsize);
+    std::optional<py::gil_scoped_release> nogil;  // the engine lock is never taken under the GIL
+    if (Py_IsInitialized() && PyGILState_Check()) nogil.emplace();
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    resize_storage_bytes(storage, newsize);
   }
 };
 TpuHooks g_hooks;
@@ -323,12 +360,14 @@ void reset_metrics() {
 namespace tt::aten {
 void bind_compiled(py::module& m);  // compiled.cpp
 void bind_kernels(py::module& m);   // custom_kernels.cpp
+void bind_distributed(py::module& m);  // distributed.cpp: the c10d backend
 }
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_tpu C++ core";
   aten::bind_compiled(m);
   aten::bind_kernels(m);
+  aten::bind_distributed(m);
   // Loads the PJRT plugin, creates the client and registers the device hooks
   // and every lowered op. Returns the number of devices.
   m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {

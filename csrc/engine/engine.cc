@@ -891,6 +891,89 @@ Program Engine::build(Graph& g) {
   return p;
 }
 
+Program Engine::build_replicated(Graph& g, int replicas) {
+  Program p;
+  std::vector<int> entries;
+  std::vector<Value> values;
+  collect_results(g, p, entries, values);
+  p.donations.clear();
+  for (const auto& r : p.results)
+    if (r.kind == Slot::Kind::Storage)
+      throw rt::Error("torch_tpu: a replicated program may write only its inputs and outputs (it wrote a tensor "
+                      "that existed before the capture)");
+  std::string text = g.b.module(values);
+  const std::string one = "mhlo.num_replicas = 1 : i32";  // the module says how many replicas run it
+  auto at = text.find(one);
+  if (at != std::string::npos)
+    text.replace(at, one.size(), "mhlo.num_replicas = " + std::to_string(replicas) + " : i32");
+  p.text = std::make_shared<const std::string>(std::move(text));
+  metrics.program_bytes += static_cast<int64_t>(p.text->size());
+  last_program_ = p.text;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    p.exe = rt::Client::get().compile_replicated(*p.text, replicas);
+  } catch (const rt::Error& err) {
+    throw rt::Error(describe_failure(g, err.what()), err.code());
+  }
+  metrics.compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  metrics.compiles++;
+  return p;
+}
+
+void Engine::run_replicated(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                            const std::vector<std::vector<StoragePtr>>& outputs) {
+  size_t n = inputs.size();
+  if (n == 0 || outputs.size() != n) throw rt::Error("torch_tpu: a replicated program needs inputs and outputs per replica");
+  auto& client = rt::Client::get();
+  std::vector<std::vector<rt::BufferPtr>> keep(n);
+  std::vector<std::vector<PJRT_Buffer*>> args(n);
+  std::pair<uint32_t, uint32_t> draw{0, 0};
+  auto on_device = [&](Storage& st, int r) -> rt::BufferPtr {  // st's value on device r
+    if (!st.buffer) zero_fill(st);
+    if (st.device == r) return st.buffer;
+    std::vector<char> host(static_cast<size_t>(st.nbytes));
+    st.buffer->to_host(host.data(), host.size());
+    return client.from_host(host.data(), pjrt_type(st.dtype), {st.numel()}, r);
+  };
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    const Binding& b = p.params[i];
+    if (b.kind == Binding::Kind::Rng && b.index == 0) {
+      if (!rng_source_) throw rt::Error("torch_tpu: no device generator");
+      auto [seed, offset] = rng_source_(p.device, static_cast<uint64_t>(b.n));
+      draw = rng_words(seed, offset);
+    }
+    for (size_t r = 0; r < n; ++r) {
+      int dev = static_cast<int>(r);
+      rt::BufferPtr buf;
+      switch (b.kind) {
+        case Binding::Kind::Input: {
+          if (b.index < 0 || static_cast<size_t>(b.index) >= inputs[r].size())
+            throw rt::Error("torch_tpu: a replicated program ran with too few tensors");
+          buf = on_device(*inputs[r][b.index], dev);
+          break;
+        }
+        case Binding::Kind::Storage: buf = on_device(*b.st, dev); break;
+        case Binding::Kind::Scalar: buf = scalar_buffer(b.v, b.is_int, b.t, dev); break;
+        case Binding::Kind::Rng:
+          buf = scalar_buffer(b.index == 0 ? draw.first : draw.second, true, DType::U32, dev);
+          break;
+      }
+      args[r].push_back(buf->get());
+      keep[r].push_back(std::move(buf));
+    }
+  }
+  auto outs = p.exe->execute_replicated(args);
+  metrics.executions++;
+  for (size_t r = 0; r < n; ++r)
+    for (size_t i = 0; i < p.results.size(); ++i) {
+      const Slot& s = p.results[i];
+      const auto& v = s.kind == Slot::Kind::Input ? inputs[r] : outputs[r];
+      if (s.index < 0 || static_cast<size_t>(s.index) >= v.size())
+        throw rt::Error("torch_tpu: a replicated program ran with too few tensors");
+      v[s.index]->buffer = outs[r][i];
+    }
+}
+
 void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const std::vector<StoragePtr>& outputs) {
   auto storage = [&](const StoragePtr& st, Slot::Kind kind, int index) -> const StoragePtr& {
     if (kind == Slot::Kind::Storage) return st;

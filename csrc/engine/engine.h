@@ -246,6 +246,16 @@ class Engine {
   // Executes p: parameters from their bindings (`inputs` for Input bindings),
   // each result bound to its slot's storage (`inputs` / `outputs` for theirs).
   void run(const Program& p, const std::vector<StoragePtr>& inputs = {}, const std::vector<StoragePtr>& outputs = {});
+  // Replicated programs (in-program collectives across devices): g (a capture)
+  // becomes one program for `replicas` replicas on devices 0..replicas-1, compiled
+  // with Client::compile_replicated (no donation, not cached; it may write only its
+  // runtime inputs and outputs). run_replicated binds replica r's Input / Output
+  // slots to inputs[r] / outputs[r] (storages on device r); storages the program
+  // reads directly are copied to each replica's device, and a random draw is
+  // shared by all replicas.
+  Program build_replicated(Graph& g, int replicas);
+  void run_replicated(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                      const std::vector<std::vector<StoragePtr>>& outputs);
   // Draws n words from device d's generator: (seed, offset before). Set by the
   // PyTorch layer, which owns the generators.
   using RngSource = std::function<std::pair<uint64_t, uint64_t>(int, uint64_t)>;

@@ -173,6 +173,39 @@ std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Bu
   return result;
 }
 
+std::vector<std::vector<BufferPtr>> Executable::execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args) {
+  const PJRT_Api* api = client_->api();
+  size_t n = args.size();
+  if (n == 0) throw Error("execute_replicated: no replicas");
+  for (auto& a : args)
+    if (a.size() != args[0].size()) throw Error("execute_replicated: replicas have different argument counts");
+  auto opts = TT_ARGS(PJRT_ExecuteOptions, incarnation_ids);
+  std::vector<PJRT_Buffer* const*> arg_lists(n);
+  std::vector<std::vector<PJRT_Buffer*>> outs(n, std::vector<PJRT_Buffer*>(num_outputs_, nullptr));
+  std::vector<PJRT_Buffer**> out_lists(n);
+  std::vector<PJRT_Event*> done(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    arg_lists[i] = args[i].data();
+    out_lists[i] = outs[i].data();
+  }
+  auto a = TT_ARGS(PJRT_LoadedExecutable_Execute_Args, execute_device);
+  a.executable = e_;
+  a.options = &opts;
+  a.argument_lists = arg_lists.data();
+  a.num_devices = n;
+  a.num_args = args[0].size();
+  a.output_lists = out_lists.data();
+  a.device_complete_events = done.data();
+  a.execute_device = nullptr;  // every device of the executable's assignment
+  check(api, api->PJRT_LoadedExecutable_Execute(&a), "Execute (replicated)");
+  std::vector<std::vector<BufferPtr>> result(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (PJRT_Buffer* b : outs[i]) result[i].push_back(std::make_shared<Buffer>(api, b));
+    if (done[i]) client_->track(std::make_unique<Event>(api, done[i]));
+  }
+  return result;
+}
+
 std::string Executable::serialize() const {
   const PJRT_Api* api = client_->api();
   if (!api->PJRT_Executable_Serialize) return "";  // optional: no disk cache for this plugin
@@ -343,6 +376,27 @@ ExecutablePtr Client::compile(const std::string& text) {
   a.compile_options = kCompileOptions;
   a.compile_options_size = sizeof(kCompileOptions);
   check(api_, api_->PJRT_Client_Compile(&a), "Compile");
+  return std::make_shared<Executable>(this, a.executable);
+}
+
+ExecutablePtr Client::compile_replicated(const std::string& text, int num_replicas) {
+  if (num_replicas < 1 || num_replicas > 127 || num_replicas > num_devices())
+    throw Error("compile_replicated: " + std::to_string(num_replicas) + " replicas for " +
+                std::to_string(num_devices()) + " devices");
+  // CompileOptionsProto{executable_build_options(3){num_replicas(4)=n, num_partitions(5)=1}}:
+  // not portable, so the replicas get the default device assignment (devices 0..n-1)
+  const char options[] = {0x1a, 0x04, 0x20, static_cast<char>(num_replicas), 0x28, 0x01};
+  auto prog = TT_ARGS(PJRT_Program, format_size);
+  prog.code = text.data();
+  prog.code_size = text.size();
+  prog.format = "mlir";
+  prog.format_size = 4;
+  auto a = TT_ARGS(PJRT_Client_Compile_Args, executable);
+  a.client = client_;
+  a.program = &prog;
+  a.compile_options = options;
+  a.compile_options_size = sizeof(options);
+  check(api_, api_->PJRT_Client_Compile(&a), "Compile (replicated)");
   return std::make_shared<Executable>(this, a.executable);
 }
 

@@ -74,6 +74,9 @@ class Executable {
   // (donation is compiled in; a buffer still referenced elsewhere opts out).
   std::vector<BufferPtr> execute(int device, const std::vector<PJRT_Buffer*>& args,
                                  const std::vector<int64_t>& keep = {});
+  // A replicated executable (Client::compile_replicated): runs every replica once,
+  // replica i on device i with arguments args[i]; returns each replica's outputs.
+  std::vector<std::vector<BufferPtr>> execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args);
   std::string serialize() const;  // empty when the plugin cannot serialize
  private:
   Client* client_;
@@ -108,6 +111,10 @@ class Client {
   int api_minor() const { return api_->pjrt_api_version.minor_version; }
 
   ExecutablePtr compile(const std::string& mlir_text);
+  // One program for `num_replicas` replicas on devices 0..num_replicas-1 (the
+  // default assignment): collectives inside it (stablehlo.all_reduce, all_gather,
+  // reduce_scatter, all_to_all, collective_permute) run across those devices.
+  ExecutablePtr compile_replicated(const std::string& mlir_text, int num_replicas);
   ExecutablePtr deserialize(const std::string& bytes);
   // Copies `nbytes` at `data` into a new device buffer of `dims` (row-major).
   BufferPtr from_host(const void* data, PJRT_Buffer_Type type, const std::vector<int64_t>& dims, int device);

@@ -1,0 +1,1349 @@
+// The c10d backend for tpu tensors ("tpu_dist", also "tpu"), v1: host staging.
+//
+// A collective call on this backend:
+//  1. the ranks agree on the call: each contributes a fixed-size fingerprint
+//     (op, dtype, element counts, root, reduce op, call number) to one small
+//     all-gather, so ranks that disagree all raise a clear error instead of
+//     aborting inside gloo (it terminates the process on a size mismatch) or
+//     hanging; a rank that never arrives makes the others fail at the timeout;
+//  2. the inputs are read into host tensors (the fused graph is flushed first);
+//  3. a ProcessGroupGloo this backend owns runs the collective on them;
+//  4. a completion thread waits for gloo, writes the results back into the tpu
+//     tensors in place, then completes the Work and its future. Collectives
+//     complete in the order they were issued; a call whose tensors an earlier,
+//     unfinished call writes waits for it first (one in-order queue, as a
+//     NCCL communicator's stream).
+// Point-to-point messages carry a small header (dtype, element count) sent ahead
+// of the data, so a receiver whose tensor does not match raises instead of
+// letting gloo abort.
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+#include <torch/library.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "aten/tpu.h"
+
+namespace py = pybind11;
+
+namespace tt::aten {
+namespace {
+
+using c10d::OpType;
+using c10d::ReduceOp;
+using engine::Engine;
+using GlooWork = c10::intrusive_ptr<c10d::Work>;
+
+constexpr const char* kName = "tpu_dist";
+
+// The engine lock is never taken under the GIL (a thread holding the lock may wait for the GIL).
+struct NoGil {
+  std::optional<py::gil_scoped_release> released;
+  NoGil() {
+    if (Py_IsInitialized() && PyGILState_Check()) released.emplace();
+  }
+};
+
+const char* reduce_name(ReduceOp::RedOpType op) {
+  switch (op) {
+    case ReduceOp::SUM: return "SUM";
+    case ReduceOp::AVG: return "AVG";
+    case ReduceOp::PRODUCT: return "PRODUCT";
+    case ReduceOp::MIN: return "MIN";
+    case ReduceOp::MAX: return "MAX";
+    case ReduceOp::BAND: return "BAND";
+    case ReduceOp::BOR: return "BOR";
+    case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+    default: return "UNUSED";
+  }
+}
+
+// ---------------------------------------------------------------- Work
+class TpuWork final : public c10d::Work {
+ public:
+  TpuWork(int rank, OpType type, std::vector<at::Tensor> outputs)
+      : c10d::Work(rank, type),
+        outputs_(std::move(outputs)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors())) {}
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override {
+    TORCH_CHECK(source_ >= 0, kName, ": sourceRank() is only known for a completed recv from any source");
+    return source_;
+  }
+  // Completes the work (error or not), then its future.
+  void done(std::exception_ptr err) {
+    finish(err);
+    if (err)
+      future_->setError(err);
+    else
+      future_->markCompleted(c10::IValue(outputs_));
+  }
+  std::atomic<int> source_{-1};
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+using WorkPtr = c10::intrusive_ptr<TpuWork>;
+
+// ---------------------------------------------------------------- completion thread
+// Runs jobs one after another on its own thread.
+class Lane {
+ public:
+  Lane() : thread_([this] { loop(); }) {}
+  ~Lane() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+  void push(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, queue drained
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses exist
+};
+
+// ---------------------------------------------------------------- host staging
+void check_tensor(const char* op, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), kName, ": ", op, " got an undefined tensor");
+  TORCH_CHECK(t.device().type() == kTpu, kName, ": ", op, " got a tensor on ", t.device(),
+              "; this backend takes tpu tensors (for CPU tensors use a gloo group, e.g. "
+              "init_process_group(\"cpu:gloo,tpu:tpu_dist\"))");
+  TORCH_CHECK(t.layout() == at::kStrided, kName, ": ", op, " supports dense tensors only, got layout ", t.layout());
+}
+
+void check_all(const char* op, const std::vector<at::Tensor>& ts) {
+  for (auto& t : ts) check_tensor(op, t);
+}
+
+at::Tensor host_like(const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kCPU)); }
+
+// Host copies of tpu tensors' values (the fused graph flushed first).
+std::vector<at::Tensor> read_to_host(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> resolved;
+  for (auto& t : ts) resolved.push_back(t.is_conj() || t.is_neg() ? t.resolve_conj().resolve_neg() : t);
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto& eng = Engine::get();
+  eng.flush_all();
+  std::vector<at::Tensor> out;
+  for (auto& t : resolved) {
+    at::Tensor h = host_like(t);
+    if (t.numel() > 0) eng.read(view_of(t), h.data_ptr());
+    out.push_back(h);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> hosts_like(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (auto& t : ts) out.push_back(host_like(t));
+  return out;
+}
+
+int64_t total_numel(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (auto& t : ts) n += t.numel();
+  return n;
+}
+
+c10::ScalarType common_dtype(const char* op, const std::vector<at::Tensor>& ts) {
+  TORCH_CHECK(!ts.empty(), kName, ": ", op, " got no tensors");
+  for (auto& t : ts)
+    TORCH_CHECK(t.scalar_type() == ts[0].scalar_type(), kName, ": ", op, " needs tensors of one dtype, got ",
+                ts[0].scalar_type(), " and ", t.scalar_type());
+  return ts[0].scalar_type();
+}
+
+// How a reduce op runs on gloo: gloo has no AVG or PREMUL_SUM, so AVG is SUM
+// followed by a division by the group size and PREMUL_SUM scales the inputs first.
+struct Reduction {
+  ReduceOp gloo_op{ReduceOp::SUM};
+  bool average = false;
+  std::optional<double> premul;
+};
+
+Reduction reduction(const char* op, const ReduceOp& r, c10::ScalarType t) {
+  bool floating = at::isFloatingType(t) || at::isComplexType(t);
+  Reduction out;
+  switch (r.op_) {
+    case ReduceOp::SUM:
+    case ReduceOp::PRODUCT:
+    case ReduceOp::MIN:
+    case ReduceOp::MAX:
+      out.gloo_op = ReduceOp(r.op_);
+      return out;
+    case ReduceOp::AVG:
+      TORCH_CHECK(floating, kName, ": ", op, " with ReduceOp.AVG needs a floating-point tensor, got ", t);
+      out.average = true;
+      return out;
+    case ReduceOp::PREMUL_SUM: {
+      TORCH_CHECK(floating, kName, ": ", op, " with ReduceOp.PREMUL_SUM needs a floating-point tensor, got ", t);
+      TORCH_CHECK(r.supplement_, kName, ": ", op, ": PREMUL_SUM without its factor");
+      auto* s = static_cast<c10d::PreMulSumSupplement*>(r.supplement_.get());
+      out.premul = s->tensor_factor.defined() ? s->tensor_factor.item<double>() : s->double_factor;
+      return out;
+    }
+    case ReduceOp::BAND:
+    case ReduceOp::BOR:
+    case ReduceOp::BXOR:
+      TORCH_CHECK(at::isIntegralType(t, /*includeBool=*/true), kName, ": ", op, " with ReduceOp.", reduce_name(r.op_),
+                  " needs an integer or bool tensor, got ", t);
+      out.gloo_op = ReduceOp(r.op_);
+      return out;
+    default:
+      TORCH_CHECK(false, kName, ": ", op, " does not support reduce op ", reduce_name(r.op_), " (",
+                  static_cast<int>(r.op_), ")");
+  }
+}
+
+// ---------------------------------------------------------------- fingerprints
+// What every rank must agree on before a collective moves data. Fixed length per
+// group (kHead + 2 * size), so the exchange itself can never mismatch.
+enum Field { kMagic, kOp, kDtype, kCount, kTensors, kRoot, kReduce, kCall, kHead };
+constexpr int64_t kMagicValue = 0x7470755f64697374;  // "tpu_dist"
+
+std::string describe_row(const int64_t* f, const char* name) {
+  std::ostringstream s;
+  s << name << "(dtype " << c10::toString(static_cast<c10::ScalarType>(f[kDtype])) << ", " << f[kCount]
+    << " elements";
+  if (f[kTensors] != 1) s << " in " << f[kTensors] << " tensors";
+  if (f[kRoot] >= 0) s << ", root " << f[kRoot];
+  if (f[kReduce] >= 0) s << ", " << reduce_name(static_cast<ReduceOp::RedOpType>(f[kReduce]));
+  s << ", call #" << f[kCall] << ")";
+  return s.str();
+}
+
+std::atomic<int> g_spmd_device{-1};  // the device of the replicated capture in progress (torch_tpu.spmd)
+
+// A collective cannot be part of a torch.compile capture (it moves data between
+// processes): on a capturing device this ends the capture with a capture break,
+// so the node runs between programs, before any rank has communicated.
+void not_in_capture(int device) {
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto& eng = Engine::get();
+  if (!eng.capture_graph(device) || g_spmd_device.load() == device) return;
+  try {
+    eng.flush(device);  // throws CaptureBreak and marks the capture broken
+  } catch (const rt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+// ---------------------------------------------------------------- the backend
+class TpuBackend final : public c10d::Backend {
+ public:
+  TpuBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size, bool checks,
+             std::chrono::milliseconds timeout)
+      : c10d::Backend(rank, size), gloo_(std::move(gloo)), checks_(checks), timeout_(timeout) {
+    TORCH_CHECK(gloo_, kName, ": needs a gloo backend");
+    TORCH_CHECK(gloo_->getRank() == rank && gloo_->getSize() == size, kName, ": the gloo backend's rank/size (",
+                gloo_->getRank(), "/", gloo_->getSize(), ") differ from ", rank, "/", size);
+    init();
+  }
+  ~TpuBackend() override = default;  // the lanes drain their queues and join
+
+  const std::string getBackendName() const override { return kName; }
+  c10::intrusive_ptr<Options> getBackendOptions() override { return c10::make_intrusive<Options>(kName, timeout_); }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    timeout_ = timeout;
+    gloo_->setTimeout(timeout);
+  }
+  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  // Coalescing (NCCL style): the calls between start and end run as they come;
+  // endCoalescing's Work completes when all of them have.
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    coalescing_ = true;
+    coalesced_.clear();
+  }
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override {
+    std::vector<WorkPtr> works;
+    {
+      std::lock_guard<std::mutex> l(inflight_mu_);
+      coalescing_ = false;
+      works.swap(coalesced_);
+    }
+    std::vector<at::Tensor> outputs;
+    c10::List<c10::intrusive_ptr<c10::ivalue::Future>> futures(c10::FutureType::create(c10::ListType::ofTensors()));
+    for (auto& w : works) {
+      for (auto& t : w->result()) outputs.push_back(t);
+      futures.push_back(w->getFuture());
+    }
+    auto all = c10::make_intrusive<TpuWork>(rank_, OpType::COALESCED, outputs);
+    if (works.empty()) {
+      all->done(nullptr);
+      return all;
+    }
+    c10::collectAll(futures)->addCallback([all, works](c10::ivalue::Future&) {
+      std::exception_ptr err;
+      for (auto& w : works)
+        if (!err && w->exception()) err = w->exception();
+      all->done(err);
+    });
+    return all;
+  }
+
+  void shutdown() override {
+    closed_ = true;
+    gloo_->shutdown();
+  }
+  void abort() override {
+    closed_ = true;
+    gloo_->abort();
+  }
+
+  // ------------------------------------------------------------ collectives
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
+    const char* op = "broadcast";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, tensors);
+    auto dtype = common_dtype(op, tensors);
+    int64_t root = opts.rootRank * static_cast<int64_t>(tensors.size()) + opts.rootTensor;
+    agree(op, OpType::BROADCAST, dtype, total_numel(tensors), tensors.size(), root, -1);
+    bool is_root = opts.rootRank == rank_;
+    auto host = is_root ? read_to_host(tensors) : hosts_like(tensors);
+    Job job;
+    job.gloo.push_back(gloo_->broadcast(host, opts));
+    if (!is_root) job.write(tensors, host);
+    return submit(OpType::BROADCAST, tensors, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    const char* op = "allreduce";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, tensors);
+    auto dtype = common_dtype(op, tensors);
+    auto red = reduction(op, opts.reduceOp, dtype);
+    agree(op, OpType::ALLREDUCE, dtype, total_numel(tensors), tensors.size(), -1, opts.reduceOp.op_);
+    auto host = read_to_host(tensors);
+    premultiply(host, red);
+    c10d::AllreduceOptions o = opts;
+    o.reduceOp = red.gloo_op;
+    Job job;
+    job.gloo.push_back(gloo_->allreduce(host, o));
+    job.write(tensors, host);
+    average_after(job, host, red);
+    return submit(OpType::ALLREDUCE, tensors, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override {
+    const char* op = "allreduce_coalesced";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, tensors);
+    auto dtype = common_dtype(op, tensors);
+    auto red = reduction(op, opts.reduceOp, dtype);
+    agree(op, OpType::ALLREDUCE_COALESCED, dtype, total_numel(tensors), tensors.size(), -1, opts.reduceOp.op_);
+    // one flat host buffer: one gloo allreduce for all the tensors
+    auto host = read_to_host(tensors);
+    std::vector<at::Tensor> flat_parts;
+    for (auto& h : host) flat_parts.push_back(h.reshape({-1}));
+    std::vector<at::Tensor> flat{at::cat(flat_parts)};
+    premultiply(flat, red);
+    c10d::AllreduceOptions o;
+    o.reduceOp = red.gloo_op;
+    o.timeout = opts.timeout;
+    Job job;
+    job.gloo.push_back(gloo_->allreduce(flat, o));
+    average_after(job, flat, red);
+    int64_t off = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      int64_t n = tensors[i].numel();
+      job.writes.emplace_back(tensors[i], flat[0].narrow(0, off, n).view(tensors[i].sizes()));
+      off += n;
+    }
+    return submit(OpType::ALLREDUCE_COALESCED, tensors, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    const char* op = "reduce";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, tensors);
+    auto dtype = common_dtype(op, tensors);
+    auto red = reduction(op, opts.reduceOp, dtype);
+    int64_t root = opts.rootRank * static_cast<int64_t>(tensors.size()) + opts.rootTensor;
+    agree(op, OpType::REDUCE, dtype, total_numel(tensors), tensors.size(), root, opts.reduceOp.op_);
+    auto host = read_to_host(tensors);
+    premultiply(host, red);
+    c10d::ReduceOptions o = opts;
+    o.reduceOp = red.gloo_op;
+    Job job;
+    job.gloo.push_back(gloo_->reduce(host, o));
+    if (opts.rootRank == rank_) {
+      job.write(tensors, host);
+      average_after(job, host, red);
+    }
+    return submit(OpType::REDUCE, tensors, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override {
+    const char* op = "allgather";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, kName, ": ", op,
+                " takes one input tensor and one output list per process");
+    auto outs = outputs[0];
+    begin(op, inputs, outs);
+    TORCH_CHECK(static_cast<int>(outs.size()) == size_, kName, ": ", op, ": the output list has ", outs.size(),
+                " tensors for a group of ", size_);
+    auto dtype = common_dtype(op, inputs);
+    for (auto& o : outs)
+      TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == dtype, kName, ": ", op,
+                  ": each output must have the input's dtype and number of elements (", dtype, ", ",
+                  inputs[0].numel(), "), got ", o.scalar_type(), ", ", o.numel());
+    agree(op, OpType::ALLGATHER, dtype, inputs[0].numel(), 1, -1, -1);
+    auto host_in = read_to_host(inputs);
+    std::vector<std::vector<at::Tensor>> host_out{hosts_like(outs)};
+    Job job;
+    job.gloo.push_back(gloo_->allgather(host_out, host_in, opts));
+    job.write(outs, host_out[0]);
+    return submit(OpType::ALLGATHER, outs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    const char* op = "all_gather_into_tensor";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    std::vector<at::Tensor> ins{input}, outs{output};
+    begin(op, ins, outs);
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
+                output.scalar_type(), " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(output.numel() == input.numel() * size_, kName, ": ", op, ": the output has ", output.numel(),
+                " elements, expected ", size_, " x ", input.numel());
+    agree(op, OpType::_ALLGATHER_BASE, input.scalar_type(), input.numel(), 1, -1, -1);
+    auto host_in = read_to_host(ins);
+    auto host_out = host_like(output);
+    Job job;
+    job.gloo.push_back(gloo_->_allgather_base(host_out, host_in[0], opts));
+    job.writes.emplace_back(output, host_out);
+    return submit(OpType::_ALLGATHER_BASE, outs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& output_lists,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
+    const char* op = "allgather_coalesced";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    std::vector<at::Tensor> all_out;
+    for (auto& l : output_lists) all_out.insert(all_out.end(), l.begin(), l.end());
+    begin(op, inputs, all_out);
+    TORCH_CHECK(static_cast<int>(output_lists.size()) == size_, kName, ": ", op, ": expected ", size_,
+                " output lists, got ", output_lists.size());
+    for (auto& l : output_lists) {
+      TORCH_CHECK(l.size() == inputs.size(), kName, ": ", op, ": each output list must hold one tensor per input");
+      for (size_t i = 0; i < l.size(); ++i)
+        TORCH_CHECK(l[i].numel() == inputs[i].numel() && l[i].scalar_type() == inputs[i].scalar_type(), kName, ": ",
+                    op, ": output ", i, " does not match input ", i, " in dtype or number of elements");
+    }
+    auto dtype = common_dtype(op, inputs);
+    agree(op, OpType::ALLGATHER_COALESCED, dtype, total_numel(inputs), inputs.size(), -1, -1);
+    auto host_in = read_to_host(inputs);
+    std::vector<std::vector<at::Tensor>> host_out;
+    for (auto& l : output_lists) host_out.push_back(hosts_like(l));
+    Job job;
+    job.gloo.push_back(gloo_->allgather_coalesced(host_out, host_in, opts));
+    for (size_t r = 0; r < output_lists.size(); ++r) job.write(output_lists[r], host_out[r]);
+    return submit(OpType::ALLGATHER_COALESCED, all_out, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override {
+    const char* op = "allgather_into_tensor_coalesced";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, inputs, outputs);
+    TORCH_CHECK(outputs.size() == inputs.size(), kName, ": ", op, ": ", outputs.size(), " outputs for ",
+                inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i)
+      TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * size_ && outputs[i].scalar_type() == inputs[i].scalar_type(),
+                  kName, ": ", op, ": output ", i, " must have ", size_, " x ", inputs[i].numel(),
+                  " elements of the input's dtype");
+    auto dtype = common_dtype(op, inputs);
+    agree(op, OpType::ALLGATHER_COALESCED, dtype, total_numel(inputs), inputs.size(), -1, -1);
+    auto host_in = read_to_host(inputs);
+    auto host_out = hosts_like(outputs);
+    Job job;
+    job.gloo.push_back(gloo_->allgather_into_tensor_coalesced(host_out, host_in, opts));
+    job.write(outputs, host_out);
+    return submit(OpType::ALLGATHER_COALESCED, outputs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    const char* op = "gather";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(inputs.size() == 1, kName, ": ", op, " takes one input tensor per process");
+    bool is_root = opts.rootRank == rank_;
+    std::vector<at::Tensor> outs;
+    if (is_root) {
+      TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, kName, ": ", op,
+                  ": the root needs one output list of ", size_, " tensors");
+      outs = outputs[0];
+    } else {
+      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), kName, ": ", op,
+                  ": only the root passes output tensors");
+    }
+    begin(op, inputs, outs);
+    auto dtype = common_dtype(op, inputs);
+    for (auto& o : outs)
+      TORCH_CHECK(o.numel() == inputs[0].numel() && o.scalar_type() == dtype, kName, ": ", op,
+                  ": each output must have the input's dtype and number of elements");
+    agree(op, OpType::GATHER, dtype, inputs[0].numel(), 1, opts.rootRank, -1);
+    auto host_in = read_to_host(inputs);
+    std::vector<std::vector<at::Tensor>> host_out;
+    if (is_root) host_out.push_back(hosts_like(outs));
+    Job job;
+    job.gloo.push_back(gloo_->gather(host_out, host_in, opts));
+    if (is_root) job.write(outs, host_out[0]);
+    return submit(OpType::GATHER, outs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    const char* op = "scatter";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(outputs.size() == 1, kName, ": ", op, " takes one output tensor per process");
+    bool is_root = opts.rootRank == rank_;
+    std::vector<at::Tensor> ins;
+    if (is_root) {
+      TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, kName, ": ", op,
+                  ": the root needs one input list of ", size_, " tensors");
+      ins = inputs[0];
+    } else {
+      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), kName, ": ", op,
+                  ": only the root passes input tensors");
+    }
+    begin(op, ins, outputs);
+    auto dtype = common_dtype(op, outputs);
+    for (auto& i : ins)
+      TORCH_CHECK(i.numel() == outputs[0].numel() && i.scalar_type() == dtype, kName, ": ", op,
+                  ": each input must have the output's dtype and number of elements");
+    agree(op, OpType::SCATTER, dtype, outputs[0].numel(), 1, opts.rootRank, -1);
+    std::vector<std::vector<at::Tensor>> host_in;
+    if (is_root) host_in.push_back(read_to_host(ins));
+    auto host_out = hosts_like(outputs);
+    Job job;
+    job.gloo.push_back(gloo_->scatter(host_out, host_in, opts));
+    job.write(outputs, host_out);
+    return submit(OpType::SCATTER, outputs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    const char* op = "reduce_scatter";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, kName, ": ", op,
+                " takes one output tensor and one input list per process");
+    auto ins = inputs[0];
+    begin(op, ins, outputs);
+    TORCH_CHECK(static_cast<int>(ins.size()) == size_, kName, ": ", op, ": the input list has ", ins.size(),
+                " tensors for a group of ", size_);
+    auto dtype = common_dtype(op, outputs);
+    for (auto& i : ins)
+      TORCH_CHECK(i.numel() == outputs[0].numel() && i.scalar_type() == dtype, kName, ": ", op,
+                  ": each input must have the output's dtype and number of elements");
+    auto red = reduction(op, opts.reduceOp, dtype);
+    agree(op, OpType::REDUCE_SCATTER, dtype, outputs[0].numel(), 1, -1, opts.reduceOp.op_);
+    // gloo's list form: one flat input, reduce-scattered in equal parts
+    auto host_list = read_to_host(ins);
+    std::vector<at::Tensor> parts;
+    for (auto& h : host_list) parts.push_back(h.reshape({-1}));
+    auto flat_in = at::cat(parts);
+    std::vector<at::Tensor> flat{flat_in};
+    premultiply(flat, red);
+    auto host_out = host_like(outputs[0]);
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = red.gloo_op;
+    Job job;
+    job.gloo.push_back(gloo_->_reduce_scatter_base(host_out, flat[0], o));
+    std::vector<at::Tensor> hv{host_out};
+    average_after(job, hv, red);
+    job.writes.emplace_back(outputs[0], host_out);
+    return submit(OpType::REDUCE_SCATTER, outputs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override {
+    const char* op = "reduce_scatter_tensor";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    std::vector<at::Tensor> ins{input}, outs{output};
+    begin(op, ins, outs);
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
+                output.scalar_type(), " differs from input dtype ", input.scalar_type());
+    TORCH_CHECK(input.numel() == output.numel() * size_, kName, ": ", op, ": the input has ", input.numel(),
+                " elements, expected ", size_, " x ", output.numel());
+    auto red = reduction(op, opts.reduceOp, input.scalar_type());
+    agree(op, OpType::_REDUCE_SCATTER_BASE, input.scalar_type(), output.numel(), 1, -1, opts.reduceOp.op_);
+    auto host_in = read_to_host(ins);
+    premultiply(host_in, red);
+    auto host_out = host_like(output);
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = red.gloo_op;
+    Job job;
+    job.gloo.push_back(gloo_->_reduce_scatter_base(host_out, host_in[0], o));
+    std::vector<at::Tensor> hv{host_out};
+    average_after(job, hv, red);
+    job.writes.emplace_back(output, host_out);
+    return submit(OpType::_REDUCE_SCATTER_BASE, outs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override {
+    const char* op = "reduce_scatter_tensor_coalesced";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, inputs, outputs);
+    TORCH_CHECK(outputs.size() == inputs.size(), kName, ": ", op, ": ", outputs.size(), " outputs for ",
+                inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i)
+      TORCH_CHECK(inputs[i].numel() == outputs[i].numel() * size_ && outputs[i].scalar_type() == inputs[i].scalar_type(),
+                  kName, ": ", op, ": input ", i, " must have ", size_, " x ", outputs[i].numel(),
+                  " elements of the output's dtype");
+    auto dtype = common_dtype(op, inputs);
+    auto red = reduction(op, opts.reduceOp, dtype);
+    agree(op, OpType::REDUCE_SCATTER_TENSOR_COALESCED, dtype, total_numel(outputs), outputs.size(), -1,
+          opts.reduceOp.op_);
+    auto host_in = read_to_host(inputs);
+    premultiply(host_in, red);
+    auto host_out = hosts_like(outputs);
+    c10d::ReduceScatterOptions o = opts;
+    o.reduceOp = red.gloo_op;
+    Job job;
+    for (size_t i = 0; i < inputs.size(); ++i) job.gloo.push_back(gloo_->_reduce_scatter_base(host_out[i], host_in[i], o));
+    average_after(job, host_out, red);
+    job.write(outputs, host_out);
+    return submit(OpType::REDUCE_SCATTER_TENSOR_COALESCED, outputs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    const char* op = "all_to_all_single";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    std::vector<at::Tensor> ins{input}, outs{output};
+    begin(op, ins, outs);
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
+                output.scalar_type(), " differs from input dtype ", input.scalar_type());
+    // elements sent to / received from each peer
+    auto counts = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+      std::vector<int64_t> c(size_);
+      int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+      int64_t row = rows > 0 ? t.numel() / rows : 0;
+      if (splits.empty()) {
+        TORCH_CHECK(rows % size_ == 0, kName, ": ", op, ": the ", which, "'s first dimension (", rows,
+                    ") is not divisible by the group size ", size_, " and no split sizes were given");
+        for (auto& x : c) x = rows / size_ * row;
+      } else {
+        TORCH_CHECK(static_cast<int>(splits.size()) == size_, kName, ": ", op, ": ", which, " split sizes have ",
+                    splits.size(), " entries for a group of ", size_);
+        int64_t sum = 0;
+        for (int i = 0; i < size_; ++i) {
+          TORCH_CHECK(splits[i] >= 0, kName, ": ", op, ": negative ", which, " split size");
+          c[i] = splits[i] * row;
+          sum += splits[i];
+        }
+        TORCH_CHECK(sum == rows, kName, ": ", op, ": the ", which, " split sizes add up to ", sum, ", but its first "
+                    "dimension is ", rows);
+      }
+      return c;
+    };
+    auto send = counts(input, input_splits, "input");
+    auto recv = counts(output, output_splits, "output");
+    agree(op, OpType::ALLTOALL_BASE, input.scalar_type(), 0, 1, -1, -1, &send, &recv);
+    auto host_in = read_to_host(ins);
+    auto host_out = host_like(output);
+    Job job;
+    job.gloo.push_back(gloo_->alltoall_base(host_out, host_in[0], output_splits, input_splits, opts));
+    job.writes.emplace_back(output, host_out);
+    return submit(OpType::ALLTOALL_BASE, outs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    const char* op = "all_to_all";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    begin(op, inputs, outputs);
+    TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, kName, ": ",
+                op, " needs ", size_, " input and output tensors");
+    auto dtype = common_dtype(op, inputs);
+    common_dtype(op, outputs);
+    TORCH_CHECK(outputs[0].scalar_type() == dtype, kName, ": ", op, ": outputs and inputs differ in dtype");
+    std::vector<int64_t> send(size_), recv(size_);
+    for (int i = 0; i < size_; ++i) {
+      send[i] = inputs[i].numel();
+      recv[i] = outputs[i].numel();
+    }
+    agree(op, OpType::ALLTOALL, dtype, 0, size_, -1, -1, &send, &recv);
+    // one flat exchange with per-peer sizes (gloo's list form needs equal sizes; NCCL's does not)
+    auto host_in = read_to_host(inputs);
+    std::vector<at::Tensor> parts;
+    for (auto& h : host_in) parts.push_back(h.reshape({-1}));
+    at::Tensor flat_in = at::cat(parts);
+    at::Tensor flat_out = at::empty({total_numel(outputs)}, flat_in.options());
+    Job job;
+    job.gloo.push_back(gloo_->alltoall_base(flat_out, flat_in, recv, send, opts));
+    int64_t off = 0;
+    for (auto& o : outputs) {
+      job.writes.emplace_back(o, flat_out.narrow(0, off, o.numel()).view(o.sizes()));
+      off += o.numel();
+    }
+    return submit(OpType::ALLTOALL, outputs, std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    const char* op = "barrier";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    check_open(op);
+    {  // the device's queued work is part of what the barrier waits for
+      std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+      if (rt::Client::initialized()) Engine::get().synchronize();
+    }
+    agree(op, OpType::BARRIER, c10::kByte, 0, 0, -1, -1);
+    c10d::BarrierOptions o = opts;
+    o.device = std::nullopt;
+    o.device_ids.clear();
+    Job job;
+    job.gloo.push_back(gloo_->barrier(o));
+    return submit(OpType::BARRIER, {}, std::move(job));
+  }
+
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    check_open("monitored_barrier");
+    gloo_->monitoredBarrier(opts, wait_all_ranks);
+  }
+
+  // ------------------------------------------------------------ point to point
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    const char* op = "send";
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(tensors.size() == 1, kName, ": ", op, " takes one tensor");
+    begin(op, tensors);
+    check_peer(op, dst);
+    auto host = read_to_host(tensors);
+    std::vector<at::Tensor> header{at::tensor(std::vector<int64_t>{kMagicValue, static_cast<int64_t>(
+                                                                                 tensors[0].scalar_type()),
+                                                                   tensors[0].numel()},
+                                              at::kLong)};
+    Job job;
+    job.gloo.push_back(gloo_->send(header, dst, header_tag(tag)));
+    job.gloo.push_back(gloo_->send(host, dst, tag));
+    job.keep = {header[0], host[0]};
+    return submit(OpType::SEND, tensors, std::move(job), /*p2p=*/true);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(tensors.size() == 1, kName, ": recv takes one tensor");
+    begin("recv", tensors);
+    check_peer("recv", src);
+    return receive(tensors, src, tag, OpType::RECV);
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    NoGil nogil;
+    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    TORCH_CHECK(tensors.size() == 1, kName, ": recv takes one tensor");
+    begin("recv", tensors);
+    return receive(tensors, -1, tag, OpType::RECVANYSOURCE);
+  }
+
+ private:
+  // What the completion thread does for a call: wait for the gloo works, run
+  // `post` on the host results, write them into the tpu tensors, then `extra`.
+  struct Job {
+    std::vector<GlooWork> gloo;
+    std::vector<std::pair<at::Tensor, at::Tensor>> writes;  // (tpu destination, host value)
+    std::vector<std::function<void()>> post;
+    std::function<void()> extra;  // runs instead of the above (receive)
+    std::vector<at::Tensor> keep;  // host buffers gloo uses until it is done
+    void write(const std::vector<at::Tensor>& dst, const std::vector<at::Tensor>& src) {
+      for (size_t i = 0; i < dst.size(); ++i) writes.emplace_back(dst[i], src[i]);
+    }
+  };
+
+  struct Inflight {
+    WorkPtr work;
+    std::vector<engine::StoragePtr> writes;
+  };
+
+  void check_open(const char* op) const {
+    TORCH_CHECK(!closed_, kName, ": ", op, " on a process group that was destroyed (destroy_process_group) or aborted");
+  }
+
+  void check_peer(const char* op, int peer) const {
+    TORCH_CHECK(peer >= 0 && peer < size_, kName, ": ", op, ": peer rank ", peer, " is outside the group (size ",
+                size_, ")");
+  }
+
+  static int header_tag(int tag) { return tag ^ (1 << 30); }
+
+  // Checks the tensors and waits for unfinished earlier calls that write them.
+  void begin(const char* op, const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) {
+    check_open(op);
+    check_all(op, a);
+    check_all(op, b);
+    for (auto* v : {&a, &b})
+      for (auto& t : *v) not_in_capture(t.device().index());
+    std::set<const engine::Storage*> mine;
+    for (auto* v : {&a, &b})
+      for (auto& t : *v) mine.insert(storage_of(t).get());
+    std::vector<WorkPtr> waits;
+    {
+      std::lock_guard<std::mutex> l(inflight_mu_);
+      std::vector<Inflight> keep;
+      for (auto& f : inflight_) {
+        if (f.work->isCompleted()) continue;
+        bool hit = false;
+        for (auto& s : f.writes) hit = hit || mine.count(s.get());
+        if (hit) waits.push_back(f.work);
+        keep.push_back(std::move(f));
+      }
+      inflight_.swap(keep);
+    }
+    for (auto& w : waits) {
+      try {
+        w->wait();
+      } catch (const std::exception&) {  // that call's error is raised by its own wait()
+      }
+    }
+  }
+
+  // Every rank contributes its fingerprint of this call; all rows must agree.
+  void agree(const char* op, OpType type, c10::ScalarType dtype, int64_t count, size_t tensors, int64_t root,
+             int reduce, const std::vector<int64_t>* send = nullptr, const std::vector<int64_t>* recv = nullptr) {
+    int64_t call = calls_++;
+    if (!checks_) return;
+    const int64_t width = kHead + 2 * static_cast<int64_t>(size_);
+    std::vector<int64_t> fp(width, 0);
+    fp[kMagic] = kMagicValue;
+    fp[kOp] = static_cast<int64_t>(type);
+    fp[kDtype] = static_cast<int64_t>(dtype);
+    fp[kCount] = count;
+    fp[kTensors] = static_cast<int64_t>(tensors);
+    fp[kRoot] = root;
+    fp[kReduce] = reduce;
+    fp[kCall] = call;
+    for (int i = 0; send && i < size_; ++i) {
+      fp[kHead + i] = (*send)[i];
+      fp[kHead + size_ + i] = (*recv)[i];
+    }
+    at::Tensor mine = at::tensor(fp, at::kLong);
+    at::Tensor all = at::empty({width * size_}, at::kLong);
+    try {
+      gloo_->_allgather_base(all, mine, c10d::AllgatherOptions())->wait();
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, kName, ": ", op, ": the ranks could not agree on this call (a rank did not reach it "
+                  "within the timeout, or failed): ", e.what());
+    }
+    const int64_t* rows = all.data_ptr<int64_t>();
+    bool same = true;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t* f = rows + r * width;
+      for (int k = 0; k < kHead; ++k) same = same && f[k] == rows[k];
+      for (int j = 0; send && j < size_; ++j)  // what r sends to j is what j receives from r
+        same = same && f[kHead + j] == rows[j * width + kHead + size_ + r];
+    }
+    if (same) return;
+    std::ostringstream s;
+    s << kName << ": " << op << ": the ranks of this group made different calls (collective, dtype or sizes differ):";
+    for (int r = 0; r < size_ && r < 16; ++r) {
+      const int64_t* f = rows + r * width;
+      s << "\n  rank " << r << ": ";
+      if (f[kMagic] != kMagicValue) {
+        s << "(not a tpu_dist call)";
+        continue;
+      }
+      s << describe_row(f, c10d::opTypeToString(static_cast<OpType>(f[kOp])).c_str());
+      if (send) {
+        s << " sends [";
+        for (int j = 0; j < size_; ++j) s << (j ? ", " : "") << f[kHead + j];
+        s << "] receives [";
+        for (int j = 0; j < size_; ++j) s << (j ? ", " : "") << f[kHead + size_ + j];
+        s << "] elements";
+      }
+    }
+    TORCH_CHECK(false, s.str());
+  }
+
+  static void premultiply(std::vector<at::Tensor>& host, const Reduction& red) {
+    if (red.premul)
+      for (auto& h : host) h.mul_(*red.premul);
+  }
+
+  void average_after(Job& job, std::vector<at::Tensor> host, const Reduction& red) const {
+    if (!red.average) return;
+    int n = size_;
+    job.post.push_back([host, n] {
+      for (auto h : host) h.div_(n);
+    });
+  }
+
+  // Records an issued call: the storages it will write, and the coalesced group it belongs to.
+  void track(const WorkPtr& work, const std::vector<std::pair<at::Tensor, at::Tensor>>& writes) {
+    std::lock_guard<std::mutex> l(inflight_mu_);
+    if (coalescing_) coalesced_.push_back(work);
+    if (writes.empty()) return;
+    Inflight f{work, {}};
+    for (auto& w : writes) f.writes.push_back(storage_of(w.first));
+    inflight_.push_back(std::move(f));
+  }
+
+  // Hands the call to a completion thread; returns its Work.
+  c10::intrusive_ptr<c10d::Work> submit(OpType type, std::vector<at::Tensor> outputs, Job job, bool p2p = false) {
+    auto work = c10::make_intrusive<TpuWork>(rank_, type, outputs);
+    track(work, job.writes);
+    (p2p ? p2p_lane_ : lane_).push([work, job = std::move(job)]() mutable { complete(*work, job); });
+    return work;
+  }
+
+  static void complete(TpuWork& work, Job& job) {
+    std::exception_ptr err;
+    try {
+      if (job.extra) {
+        job.extra();
+      } else {
+        for (auto& g : job.gloo) g->wait();
+        for (auto& p : job.post) p();
+        write_back(job.writes);
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+    job = Job{};  // host buffers freed before anyone is woken
+    work.done(err);
+  }
+
+  static void write_back(const std::vector<std::pair<at::Tensor, at::Tensor>>& writes) {
+    if (writes.empty()) return;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto& eng = Engine::get();
+    std::set<int> devices;
+    for (auto& [dst, src] : writes) {
+      if (dst.numel() == 0) continue;
+      at::Tensor s = src.contiguous();
+      eng.write(view_of(dst), s.data_ptr());
+      devices.insert(dst.device().index());
+    }
+    for (int d : devices) eng.flush(d);  // nothing of this thread's stays pending
+  }
+
+  // recv / recvAnysource: the header first (dtype, element count), then the data
+  // from the rank that sent the header.
+  c10::intrusive_ptr<c10d::Work> receive(std::vector<at::Tensor>& tensors, int src, int tag, OpType type) {
+    at::Tensor t = tensors[0];
+    at::Tensor header = at::empty({3}, at::kLong);
+    std::vector<at::Tensor> hv{header};
+    GlooWork hw = src >= 0 ? gloo_->recv(hv, src, header_tag(tag)) : gloo_->recvAnysource(hv, header_tag(tag));
+    auto work = c10::make_intrusive<TpuWork>(rank_, type, tensors);
+    track(work, {{t, at::Tensor()}});
+    auto gloo = gloo_;
+    TpuWork* w = work.get();
+    Job job;
+    job.extra = [gloo, hw, header, t, src, tag, w]() {
+      hw->wait();
+      int from = src >= 0 ? src : hw->sourceRank();
+      const int64_t* h = header.data_ptr<int64_t>();
+      TORCH_CHECK(h[0] == kMagicValue, kName, ": recv: rank ", from, " sent a message that is not a tpu_dist send");
+      auto sent_type = static_cast<c10::ScalarType>(h[1]);
+      int64_t sent = h[2];
+      bool match = sent_type == t.scalar_type() && sent == t.numel();
+      // on a mismatch the message is still received (into a scratch buffer), so the sender completes
+      at::Tensor host = match ? host_like(t) : at::empty({sent}, at::TensorOptions().dtype(sent_type));
+      std::vector<at::Tensor> dv{host};
+      gloo->recv(dv, from, tag)->wait();
+      TORCH_CHECK(match, kName, ": recv: rank ", from, " sent ", sent, " elements of ", sent_type,
+                  ", but the receiving tensor has ", t.numel(), " elements of ", t.scalar_type());
+      write_back({{t, host}});
+      w->source_ = from;
+    };
+    p2p_lane_.push([work, job = std::move(job)]() mutable { complete(*work, job); });
+    return work;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  bool checks_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<bool> closed_{false};
+  std::atomic<int64_t> calls_{0};
+  std::mutex issue_mu_;  // calls from several threads are issued one at a time (same order on both sides of gloo)
+  std::mutex inflight_mu_;
+  std::vector<Inflight> inflight_;
+  bool coalescing_ = false;
+  std::vector<WorkPtr> coalesced_;
+  // last: destroyed first, so the threads finish before the members they use go
+  Lane p2p_lane_;
+  Lane lane_;
+};
+
+// ---------------------------------------------------------------- in-program collectives (v2)
+// A capture whose functional collectives (torch.ops._c10d_functional.*) become
+// StableHLO collectives with replica groups, built into one program for N
+// replicas on devices 0..N-1 of this process (torch_tpu/spmd.py drives it).
+
+std::string replica_groups_attr(const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(!groups.empty() && !groups[0].empty(), "torch_tpu.spmd: empty replica groups");
+  std::ostringstream s;
+  s << "replica_groups = dense<[";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    TORCH_CHECK(groups[i].size() == groups[0].size(), "torch_tpu.spmd: replica groups must have one size");
+    s << (i ? ", " : "") << "[";
+    for (size_t j = 0; j < groups[i].size(); ++j) s << (j ? ", " : "") << groups[i][j];
+    s << "]";
+  }
+  s << "]> : tensor<" << groups.size() << "x" << groups[0].size() << "xi64>";
+  return s.str();
+}
+
+// The combiner region of a reducing collective, and whether the result is divided by the group size (avg).
+std::pair<std::string, bool> combiner(const std::string& reduce_op, hlo::DType t) {
+  static const std::map<std::string, std::string> ops = {
+      {"sum", "add"}, {"avg", "add"}, {"product", "multiply"}, {"min", "minimum"}, {"max", "maximum"},
+      {"band", "and"}, {"bor", "or"}, {"bxor", "xor"}};
+  auto it = ops.find(reduce_op);
+  TORCH_CHECK(it != ops.end(), "torch_tpu.spmd: reduce op '", reduce_op, "' is not supported in a program");
+  std::string st = hlo::Type{t, {}}.str();
+  std::string region = "{\n    ^bb0(%tt_a: " + st + ", %tt_b: " + st + "):\n      %tt_r = \"stablehlo." + it->second +
+                       "\"(%tt_a, %tt_b) : (" + st + ", " + st + ") -> " + st + "\n      \"stablehlo.return\"(%tt_r) : (" +
+                       st + ") -> ()\n    }";
+  return {region, reduce_op == "avg"};
+}
+
+// Adds `out = f(in)` to the capture on in's device; out has `out_sizes`.
+at::Tensor emit_collective(const std::string& name, const at::Tensor& in, const std::vector<int64_t>& out_sizes,
+                           const std::function<hlo::Value(hlo::Builder&, hlo::Value)>& f) {
+  TORCH_CHECK(in.device().type() == kTpu, "torch_tpu.spmd: ", name, " needs a tpu tensor");
+  NoGil nogil;
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  auto& eng = Engine::get();
+  engine::Graph* g = eng.capture_graph(in.device().index());
+  TORCH_CHECK(g, "torch_tpu.spmd: ", name, " outside a replicated capture");
+  at::Tensor out = at::empty(out_sizes, in.options());
+  engine::Op op{name, "", false, "", {}, {}};
+  try {
+    eng.apply(*g, op, [&] {
+      hlo::Value v = g->load(view_of(in));
+      g->store(view_of(out), f(g->b, v));
+      return lower::Reads{};
+    });
+  } catch (const rt::Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  return out;
+}
+
+int64_t group_size_of(const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(!groups.empty(), "torch_tpu.spmd: no replica groups");
+  return static_cast<int64_t>(groups[0].size());
+}
+
+at::Tensor spmd_all_reduce(const at::Tensor& x, const std::string& reduce_op,
+                           const std::vector<std::vector<int64_t>>& groups) {
+  auto attrs = replica_groups_attr(groups);
+  int64_t k = group_size_of(groups);
+  return emit_collective("_c10d_functional::all_reduce", x, x.sizes().vec(), [&](hlo::Builder& b, hlo::Value v) {
+    auto [region, avg] = combiner(reduce_op, v.dtype());
+    hlo::Value r = b.emit_multi("stablehlo.all_reduce", {v}, {v.type}, attrs, region)[0];
+    return avg ? b.div(r, b.scalar_like(static_cast<double>(k), r)) : r;
+  });
+}
+
+at::Tensor spmd_all_gather(const at::Tensor& x, int64_t group_size, const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(group_size == group_size_of(groups), "torch_tpu.spmd: all_gather_into_tensor over ", group_size,
+              " ranks, but the replica groups have ", group_size_of(groups));
+  TORCH_CHECK(x.dim() >= 1, "torch_tpu.spmd: all_gather_into_tensor needs a tensor with a dimension");
+  auto out = x.sizes().vec();
+  out[0] *= group_size;
+  auto attrs = "all_gather_dim = 0 : i64, " + replica_groups_attr(groups);
+  return emit_collective("_c10d_functional::all_gather_into_tensor", x, out, [&](hlo::Builder& b, hlo::Value v) {
+    return b.emit_multi("stablehlo.all_gather", {v}, {hlo::Type{v.dtype(), out}}, attrs)[0];
+  });
+}
+
+at::Tensor spmd_reduce_scatter(const at::Tensor& x, const std::string& reduce_op, int64_t group_size,
+                               const std::vector<std::vector<int64_t>>& groups) {
+  TORCH_CHECK(group_size == group_size_of(groups), "torch_tpu.spmd: reduce_scatter_tensor over ", group_size,
+              " ranks, but the replica groups have ", group_size_of(groups));
+  TORCH_CHECK(x.dim() >= 1 && x.size(0) % group_size == 0, "torch_tpu.spmd: reduce_scatter_tensor needs a first "
+              "dimension divisible by the group size ", group_size, ", got ", x.sizes());
+  auto out = x.sizes().vec();
+  out[0] /= group_size;
+  auto attrs = "scatter_dimension = 0 : i64, " + replica_groups_attr(groups);
+  return emit_collective("_c10d_functional::reduce_scatter_tensor", x, out, [&](hlo::Builder& b, hlo::Value v) {
+    auto [region, avg] = combiner(reduce_op, v.dtype());
+    hlo::Value r = b.emit_multi("stablehlo.reduce_scatter", {v}, {hlo::Type{v.dtype(), out}}, attrs, region)[0];
+    return avg ? b.div(r, b.scalar_like(static_cast<double>(group_size), r)) : r;
+  });
+}
+
+at::Tensor spmd_all_to_all(const at::Tensor& x, const std::vector<int64_t>& out_splits,
+                           const std::vector<int64_t>& in_splits, const std::vector<std::vector<int64_t>>& groups) {
+  int64_t k = group_size_of(groups);
+  TORCH_CHECK(x.dim() >= 1 && x.size(0) % k == 0, "torch_tpu.spmd: all_to_all_single needs a first dimension "
+              "divisible by the group size ", k, ", got ", x.sizes());
+  for (auto* splits : {&out_splits, &in_splits})
+    for (int64_t v : *splits)
+      TORCH_CHECK(v == x.size(0) / k, "torch_tpu.spmd: all_to_all_single inside a program needs equal splits "
+                  "(stablehlo.all_to_all); uneven splits run through the tpu_dist backend outside programs");
+  auto attrs = "split_dimension = 0 : i64, concat_dimension = 0 : i64, split_count = " + std::to_string(k) +
+               " : i64, " + replica_groups_attr(groups);
+  return emit_collective("_c10d_functional::all_to_all_single", x, x.sizes().vec(), [&](hlo::Builder& b, hlo::Value v) {
+    return b.emit_multi("stablehlo.all_to_all", {v}, {v.type}, attrs)[0];
+  });
+}
+
+// Where a tensor lies in its storage (outputs of a replicated program are made again per replica).
+struct SpmdLayout {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0, storage_numel = 0;
+  c10::ScalarType dtype = c10::kFloat;
+  static SpmdLayout of(const at::Tensor& t) {
+    return SpmdLayout{t.sizes().vec(), t.strides().vec(), t.storage_offset(),
+                      static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size()),
+                      t.scalar_type()};
+  }
+  bool matches(const at::Tensor& t) const {
+    return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
+           t.storage_offset() == offset &&
+           static_cast<int64_t>(t.storage().nbytes()) == storage_numel * static_cast<int64_t>(t.element_size());
+  }
+};
+
+class ReplicatedProgram {
+ public:
+  engine::Program program;
+  int replicas = 0;
+  std::vector<SpmdLayout> inputs;
+  struct Out {
+    bool is_input = false;
+    int index = 0;  // input number, or output slot
+    SpmdLayout layout;
+  };
+  std::vector<Out> outs;
+  std::vector<SpmdLayout> slots;  // per output slot: its storage's size and type
+
+  std::string text() const { return program.text ? *program.text : ""; }
+
+  std::vector<std::vector<at::Tensor>> run(const std::vector<std::vector<at::Tensor>>& args) {
+    TORCH_CHECK(static_cast<int>(args.size()) == replicas, "torch_tpu.spmd: the program has ", replicas,
+                " replicas, got arguments for ", args.size());
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto& eng = Engine::get();
+    std::vector<std::vector<engine::StoragePtr>> in(replicas), out(replicas);
+    std::vector<std::vector<at::Tensor>> bases(replicas);
+    for (int r = 0; r < replicas; ++r) {
+      eng.flush(r);
+      TORCH_CHECK(args[r].size() == inputs.size(), "torch_tpu.spmd: replica ", r, " got ", args[r].size(),
+                  " tensors, the program takes ", inputs.size());
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        const at::Tensor& t = args[r][k];
+        TORCH_CHECK(t.defined() && t.device().type() == kTpu && t.device().index() == r, "torch_tpu.spmd: input ", k,
+                    " of replica ", r, " must be on tpu:", r);
+        TORCH_CHECK(inputs[k].matches(t), "torch_tpu.spmd: input ", k, " of replica ", r,
+                    " has another shape, dtype or layout than at capture");
+        in[r].push_back(storage_of(t));
+      }
+      for (const auto& sl : slots) {
+        c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(r)));
+        bases[r].push_back(at::empty({sl.storage_numel}, at::TensorOptions().dtype(sl.dtype).device(kTpu, r)));
+        out[r].push_back(storage_of(bases[r].back()));
+      }
+    }
+    try {
+      eng.run_replicated(program, in, out);
+    } catch (const rt::Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    std::vector<std::vector<at::Tensor>> result(replicas);
+    for (int r = 0; r < replicas; ++r)
+      for (const auto& o : outs)
+        result[r].push_back(o.is_input ? args[r][o.index]
+                                       : bases[r][o.index].as_strided(o.layout.sizes, o.layout.strides, o.layout.offset));
+    return result;
+  }
+};
+
+bool g_spmd_checks = true;  // device checks, restored when the replicated capture ends
+
+// _c10d_functional::wait_tensor on tpu: waits for the collective that writes the
+// tensor (c10d's work registry). In a torch.compile capture it is a capture break,
+// so the wait runs between the programs before the ones that read the result.
+at::Tensor tpu_wait_tensor(const at::Tensor& t) {
+  NoGil nogil;
+  if (t.device().type() == kTpu) not_in_capture(t.device().index());
+  return c10d::wait_tensor(t);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_c10d_functional, PrivateUse1, m) { m.impl("wait_tensor", TORCH_FN(tpu_wait_tensor)); }
+
+void bind_distributed(py::module& m) {
+  // ---- in-program collectives: a replicated capture (driven by torch_tpu/spmd.py)
+  py::class_<ReplicatedProgram, std::shared_ptr<ReplicatedProgram>>(m, "ReplicatedProgram")
+      .def("run", &ReplicatedProgram::run, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("text", &ReplicatedProgram::text)
+      .def_readonly("replicas", &ReplicatedProgram::replicas);
+  m.def("_spmd_begin", [](int device) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    TORCH_CHECK(g_spmd_device.load() < 0, "torch_tpu.spmd: a replicated capture is already in progress");
+    auto& eng = Engine::get();
+    try {
+      eng.begin_capture(device);
+    } catch (const rt::Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    g_spmd_checks = eng.device_checks();
+    eng.set_device_checks(false);  // the check word is a per-device storage: not part of replicated programs
+    g_spmd_device = device;
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_input", [](const at::Tensor& t, int k) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Graph* g = Engine::get().capture_graph(t.device().index());
+    TORCH_CHECK(g && g_spmd_device.load() == t.device().index(), "torch_tpu.spmd: no replicated capture on ", t.device());
+    g->bind_external(storage_of(t), engine::Slot::Kind::Input, k);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_abort", [] {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    int d = g_spmd_device.exchange(-1);
+    if (d < 0) return;
+    Engine::get().end_capture(d);
+    Engine::get().set_device_checks(g_spmd_checks);
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_end", [](const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs, int replicas) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto& eng = Engine::get();
+    int d = g_spmd_device.exchange(-1);
+    TORCH_CHECK(d >= 0, "torch_tpu.spmd: no replicated capture in progress");
+    eng.set_device_checks(g_spmd_checks);
+    auto g = eng.end_capture(d);
+    TORCH_CHECK(g, "torch_tpu.spmd: the capture was lost");
+    TORCH_CHECK(d == 0, "torch_tpu.spmd: replicas run on devices 0..N-1, capture on tpu:0");
+    TORCH_CHECK(replicas >= 1 && replicas <= device_count(), "torch_tpu.spmd: ", replicas, " replicas for ",
+                device_count(), " devices (TORCH_TPU_NUM_DEVICES)");
+    auto rp = std::make_shared<ReplicatedProgram>();
+    rp->replicas = replicas;
+    std::unordered_map<const engine::Storage*, int> input_of, slot_of;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      rp->inputs.push_back(SpmdLayout::of(inputs[k]));
+      input_of[storage_of(inputs[k]).get()] = static_cast<int>(k);
+    }
+    for (const auto& t : outputs) {
+      ReplicatedProgram::Out o;
+      o.layout = SpmdLayout::of(t);
+      auto st = storage_of(t);
+      auto in = input_of.find(st.get());
+      if (in != input_of.end()) {
+        o.is_input = true;
+        o.index = in->second;
+      } else {
+        TORCH_CHECK(!st->buffer, "torch_tpu.spmd: an output of a replicated program must be computed by it (got a "
+                    "tensor that existed before the capture)");
+        auto [it, fresh] = slot_of.emplace(st.get(), static_cast<int>(rp->slots.size()));
+        if (fresh) {
+          g->bind_external(st, engine::Slot::Kind::Output, it->second);
+          SpmdLayout sl = o.layout;
+          sl.storage_numel = st->nbytes / static_cast<int64_t>(t.element_size());
+          rp->slots.push_back(sl);
+        }
+        o.index = it->second;
+      }
+      rp->outs.push_back(std::move(o));
+    }
+    try {
+      rp->program = eng.build_replicated(*g, replicas);
+    } catch (const rt::Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    eng.metrics.captures++;
+    return rp;
+  }, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_all_reduce", &spmd_all_reduce, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_all_gather", &spmd_all_gather, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_reduce_scatter", &spmd_reduce_scatter, py::call_guard<py::gil_scoped_release>());
+  m.def("_spmd_all_to_all", &spmd_all_to_all, py::call_guard<py::gil_scoped_release>());
+
+  // ---- the c10d backend
+  try {
+    py::module::import("torch._C._distributed_c10d");  // registers c10d::Backend with pybind
+    py::class_<TpuBackend, c10d::Backend, c10::intrusive_ptr<TpuBackend>>(m, "TpuDistBackend",
+                                                                           "The c10d backend of tpu tensors (tpu_dist)");
+    m.def(
+        "_tpu_dist_backend",
+        [](const c10::intrusive_ptr<c10d::Backend>& gloo, int rank, int size, bool checks, double timeout_s) {
+          return c10::make_intrusive<TpuBackend>(gloo, rank, size, checks,
+                                                 std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        },
+        py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("checks") = true, py::arg("timeout_s") = 1800.0);
+    m.attr("_tpu_dist_error") = py::none();
+  } catch (const std::exception& e) {  // torch without distributed support: tpu works, tpu_dist does not
+    m.attr("_tpu_dist_error") = std::string(e.what());
+  }
+}
+
+}  // namespace tt::aten
