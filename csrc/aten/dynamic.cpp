@@ -49,6 +49,8 @@ at::Tensor tpu_nonzero(const at::Tensor& self) {
 }
 
 at::Tensor& tpu_nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(out.dtype() == at::kLong, "nonzero: Expected out tensor to have scalar type Long ",
+              "but got scalar type", out.scalar_type());  // CPU's message, spacing included
   at::Tensor r = tpu_nonzero(self);
   at::native::resize_output(out, r.sizes());
   out.copy_(r);
@@ -79,6 +81,7 @@ at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
 }
 
 at::Tensor& tpu_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
+  TORCH_CHECK(self.scalar_type() == out.scalar_type(), "masked_select(): self and result must have the same scalar type");
   at::Tensor r = tpu_masked_select(self, mask);
   at::native::resize_output(out, r.sizes());
   out.copy_(r);

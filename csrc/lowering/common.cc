@@ -132,10 +132,16 @@ Value Ctx::in_as(size_t i, DType t, const Shape& s) {
 // ---------------------------------------------------------------- helpers
 int64_t wrap_dim(int64_t d, int64_t rank) {
   int64_t r = std::max<int64_t>(rank, 1);
+  if (d < -r || d >= r)
+    throw IndexError("Dimension out of range (expected to be in range of [" + std::to_string(-r) + ", " +
+                     std::to_string(r - 1) + "], but got " + std::to_string(d) + ")");
   return d < 0 ? d + r : d;
 }
 
 std::vector<int64_t> reduce_dims(const Ctx& c, size_t i, int64_t rank) {
+  // CPU's reductions keep dims in a 64-bit mask and reject more for some ops:
+  // the CPU fallback gives exactly its result or error
+  if (rank > 64) throw Unsupported("reduction over a tensor with more than 64 dims");
   std::vector<int64_t> dims;
   if (c.has(i)) {
     const Arg& a = c.arg(i);

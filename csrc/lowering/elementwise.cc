@@ -54,6 +54,16 @@ Rule unary(const char* op) {
     Value x = c.in(0);
     if (rounds(op) && !hlo::is_float(x.dtype()) && !hlo::is_complex(x.dtype())) return {c.in_out(0, c.odt())};
     if (std::string(op) == "sign" && x.dtype() == DType::Pred) return {c.in_out(0, c.odt())};  // sign(bool) = itself
+    if (std::string(op) == "sign" && hlo::is_float(x.dtype())) {  // sign(x) = (x > 0) - (x < 0): 0 for NaN, as on CPU
+      DType t = c.odt();
+      Value u = c.in_out(0, t), z = c.b.zeros(t, u.shape());
+      return {c.b.sub(c.b.convert(c.b.compare(u, z, hlo::Cmp::GT), t), c.b.convert(c.b.compare(u, z, hlo::Cmp::LT), t))};
+    }
+    if (hlo::is_unsigned(x.dtype())) {  // StableHLO's abs/sign take signed types: |x| = x, sign(x) = x != 0
+      Value u = c.in_out(0, c.odt());
+      if (std::string(op) == "abs") return {u};
+      if (std::string(op) == "sign") return {c.b.convert(c.b.compare(u, c.b.zeros(u.dtype(), u.shape()), hlo::Cmp::NE), c.odt())};
+    }
     if (hlo::is_complex(x.dtype()) && !hlo::is_complex(c.odt()))  // abs of complex: a real result
       return {c.b.emit(op, {c.b.broadcast_to(x, c.oshape())}, Type{c.odt(), c.oshape()})};
     return {c.b.unary(op, c.in_out(0, c.odt()))};
@@ -101,6 +111,9 @@ DType int_like(DType t) {
   int64_t sz = hlo::itemsize(t);
   return sz == 8 ? DType::S64 : sz == 4 ? DType::S32 : DType::S16;
 }
+// Above this magnitude 1 / x^2 is below the type's rounding (asinh, acosh: log(2x))
+double large_arg(DType t) { return t == DType::F64 ? 268435456.0 : 4096.0; }
+
 // v wrapped to the width of signed integer type it (bit masks such as 0x807fffff).
 int64_t wrap_int(int64_t v, DType it) {
   int bits = static_cast<int>(8 * hlo::itemsize(it));
@@ -170,10 +183,18 @@ Value remainder(Builder& b, Value x, Value y) {
   return b.select(fix, b.add(r, y), r);
 }
 
+// Integer division by a Python number 0 raises CPU's "ZeroDivisionError" (zeros
+// inside a divisor tensor are not checked: that would need its data on the host).
+void check_int_divisor(const Ctx& c, size_t i) {
+  if (!hlo::is_int(c.odt()) || !c.has(i) || c.arg(i).kind != Arg::Scalar) return;
+  if (c.num_is(i, 0)) throw UserError("ZeroDivisionError");
+}
+
 // div with rounding_mode None | "trunc" | "floor"
 V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
   DType t = c.odt();
   std::string mode = forced ? forced : c.has(mode_arg) ? c.str(mode_arg) : "";
+  if (!mode.empty()) check_int_divisor(c, 1);
   if (mode.empty()) {
     DType ct = compute_type(t);
     return {c.b.convert(c.b.div(c.in_out(0, ct), c.in_out(1, ct)), t)};
@@ -245,10 +266,15 @@ void register_elementwise() {
   for (auto n : {"aten::div.Tensor_mode", "aten::div.Scalar_mode"}) add_rule(n, [](Ctx& c) { return div_mode(c, 2); });
   add_rule("aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
   add_rule("aten::floor_divide.Scalar", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
-  for (auto n : {"aten::maximum", "aten::max.other"}) add_rule(n, binary("maximum"));
-  for (auto n : {"aten::minimum", "aten::min.other"}) add_rule(n, binary("minimum"));
-  for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"}) add_rule(n, binary_fn(remainder));
-  for (auto n : {"aten::fmod.Tensor", "aten::fmod.Scalar"}) add_rule(n, binary("remainder"));
+  // maximum / minimum: NaN if either is NaN (Builder::max / min)
+  for (auto n : {"aten::maximum", "aten::max.other"})
+    add_rule(n, [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
+  for (auto n : {"aten::minimum", "aten::min.other"})
+    add_rule(n, [](Ctx& c) -> V { return {c.b.min(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
+  for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"})
+    add_rule(n, [](Ctx& c) -> V { check_int_divisor(c, 1); return binary_fn(remainder)(c); });
+  for (auto n : {"aten::fmod.Tensor", "aten::fmod.Scalar"})
+    add_rule(n, [](Ctx& c) -> V { check_int_divisor(c, 1); return binary("remainder")(c); });
   add_rule("aten::atan2", binary_fn([](Builder& b, Value y, Value x) { return b.binary("atan2", y, x); }));
   add_rule("aten::pow.Tensor_Scalar", pow_scalar);
   add_rule("aten::pow.Tensor_Tensor", binary("power"));
@@ -296,11 +322,20 @@ void register_elementwise() {
   add_rule("aten::exp2", unary_fn([](Builder& b, Value x) { return b.unary("exponential", b.mul(x, k(b, M_LN2, x))); }));
   add_rule("aten::erf", unary_fn(erf));
   add_rule("aten::erfc", unary_fn([](Builder& b, Value x) { return b.emit("chlo.erfc", {x}, x.type); }));
+  // sinh(x) = sign(x) (e^a - e^-a) / 2, a = |x|: by expm1 below 1 (no cancellation);
+  // cosh(x) = (e^a + e^-a) / 2; above a = 20 both (e^(a/2) / 2) e^(a/2), finite as long as the result is
   add_rule("aten::sinh", unary_fn([](Builder& b, Value x) {
-    return b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
+    Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
+    Value tiny = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential_minus_one", a), b.unary("exponential_minus_one", b.neg(a))));
+    Value mid = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
+    Value r = b.select(b.compare(a, k(b, 1, x), Cmp::LT), tiny,
+                       b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid));
+    return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
   }));
   add_rule("aten::cosh", unary_fn([](Builder& b, Value x) {
-    return b.mul(k(b, 0.5, x), b.add(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
+    Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
+    Value mid = b.mul(k(b, 0.5, x), b.add(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
+    return b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid);
   }));
   // atan(x) = atan2(x, 1), with the 1 as a runtime parameter: the XLA CPU
   // compiler returns wrong values for atan2(x, constant 1) (and chlo.atan) on
@@ -318,13 +353,22 @@ void register_elementwise() {
   add_rule("aten::acos", unary_fn([](Builder& b, Value x) {
     return b.binary("atan2", b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))), x);
   }));
-  // inverse hyperbolics: asinh = log(x + sqrt(x^2 + 1)), acosh = log(x + sqrt(x^2 - 1)),
-  // atanh = 0.5 * log1p(2x / (1 - x))
+  // inverse hyperbolics, a = |x|: asinh = sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))),
+  // acosh = log1p((x - 1) + sqrt((x - 1)(x + 1))), both log(a) + log 2 for large a
+  // (where a^2 would overflow); atanh = 0.5 * log1p(2x / (1 - x))
   add_rule("aten::asinh", unary_fn([](Builder& b, Value x) {
-    return b.unary("log", b.add(x, b.unary("sqrt", b.add(b.mul(x, x), k(b, 1, x)))));
+    Value a = b.unary("abs", x);
+    Value big = b.compare(a, k(b, large_arg(x.dtype()), x), Cmp::GT);
+    Value as = b.select(big, k(b, 1, x), a);
+    Value small = b.unary("log_plus_one", b.add(as, b.div(b.mul(as, as), b.add(k(b, 1, x), b.unary("sqrt", b.add(k(b, 1, x), b.mul(as, as)))))));
+    Value r = b.select(big, b.add(b.unary("log", a), k(b, M_LN2, x)), small);
+    return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
   }));
   add_rule("aten::acosh", unary_fn([](Builder& b, Value x) {
-    return b.unary("log", b.add(x, b.unary("sqrt", b.sub(b.mul(x, x), k(b, 1, x)))));
+    Value big = b.compare(x, k(b, large_arg(x.dtype()), x), Cmp::GT);
+    Value xs = b.select(big, k(b, 1, x), x), d = b.sub(xs, k(b, 1, x));
+    Value small = b.unary("log_plus_one", b.add(d, b.unary("sqrt", b.mul(d, b.add(xs, k(b, 1, x))))));
+    return b.select(big, b.add(b.unary("log", x), k(b, M_LN2, x)), small);
   }));
   add_rule("aten::atanh", unary_fn([](Builder& b, Value x) {
     return b.mul(k(b, 0.5, x), b.unary("log_plus_one", b.div(b.mul(k(b, 2, x), x), b.sub(k(b, 1, x), x))));
@@ -356,9 +400,15 @@ void register_elementwise() {
       Value xn = b.compare(x, x, Cmp::NE), yn = b.compare(y, y, Cmp::NE);
       return b.select(xn, y, b.select(yn, x, m));
     }));
-  // hypot(a, b) = sqrt(a^2 + b^2)
+  // hypot(a, b) = m sqrt(1 + (s / m)^2), m = max(|a|, |b|), s = min: no overflow of a^2;
+  // inf if either is inf (even with a NaN), as IEEE's hypot
   add_rule("aten::hypot", binary_fn([](Builder& b, Value x, Value y) {
-    return b.unary("sqrt", b.add(b.mul(x, x), b.mul(y, y)));
+    Value ax = b.unary("abs", x), ay = b.unary("abs", y);
+    Value m = b.max(ax, ay), s = b.min(ax, ay);
+    Value q = b.div(s, b.select(b.compare(m, k(b, 0, m), Cmp::EQ), k(b, 1, m), m));
+    Value r = b.mul(m, b.unary("sqrt", b.add(k(b, 1, q), b.mul(q, q))));
+    Value inf = k(b, INFINITY, x);
+    return b.select(b.binary("or", b.compare(ax, inf, Cmp::EQ), b.compare(ay, inf, Cmp::EQ)), inf, r);
   }));
   // xlogy(x, y) = x == 0 ? 0 : x * log(y) (NaN y propagates)
   add_rule("aten::xlogy.Tensor", binary_fn([](Builder& b, Value x, Value y) {
@@ -368,6 +418,8 @@ void register_elementwise() {
   }));
   // heaviside(x, v) = x == 0 ? v : x > 0
   add_rule("aten::heaviside", [](Ctx& c) -> V {
+    if (c.in(0).dtype() != c.in(1).dtype())
+      throw UserError("heaviside is not yet implemented for tensors with different dtypes.");
     DType t = c.odt();
     Builder& b = c.b;
     Value x = c.in_out(0, t), v = c.in_out(1, t);

@@ -308,6 +308,7 @@ void register_indexing() {
   // masked_scatter(x, m, src) = where(m, src.flat[rank of the element among m's true ones], x)
   // (a source with fewer elements than m has true ones reads its last element; CPU raises)
   add_rule("aten::masked_scatter", [](Ctx& c) -> V {
+    if (c.in(1).dtype() != DType::Pred) throw UserError("masked_scatter_ only supports boolean masks");
     Builder& b = c.b;
     const Shape& s = c.oshape();
     int64_t n = hlo::numel(s);
@@ -481,6 +482,7 @@ void register_indexing() {
     return {search(c, seq, c.in(1), right)};
   });
   add_rule("aten::bucketize.Tensor", [search](Ctx& c) -> V {
+    if (c.in(1).rank() != 1) throw UserError("boundaries tensor must be 1 dimension");
     return {search(c, c.in(1), c.in(0), c.flag_or(3, false))};
   });
   // histc(x, bins, min, max): counts over equal-width bins of [min, max] (the data's range when min == max)

@@ -88,9 +88,16 @@ class Unsupported : public std::runtime_error {
 
 // Thrown by a rule for input that PyTorch's CPU kernel rejects but the Meta
 // kernel let through; becomes a RuntimeError with this message.
+// The kernel first replays the call on CPU, so the user sees CPU's own error
+// whenever CPU rejects the input too.
 class UserError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+// A UserError that PyTorch raises as IndexError (e.g. a dim out of range).
+class IndexError : public UserError {
+ public:
+  using UserError::UserError;
 };
 
 class Ctx {
@@ -152,6 +159,8 @@ const Rule* find_rule(const std::string& schema_name);
 std::vector<std::string> rule_names();
 
 // ---- shared helpers (defined in common.cc)
+// d wrapped into [0, rank) (a 0-dim tensor takes -1 and 0); IndexError with
+// PyTorch's message when out of range.
 int64_t wrap_dim(int64_t d, int64_t rank);
 std::vector<int64_t> reduce_dims(const Ctx& c, size_t dim_arg, int64_t rank);  // None / [] -> all
 DType promote(DType a, DType b);

@@ -52,6 +52,7 @@ Rule extreme(size_t dim_arg, bool is_max) {
 Rule arg_extreme(bool is_max, bool with_values) {
   return [is_max, with_values](Ctx& c) -> V {
     Value x = c.in(0);
+    if (x.rank() > 64) throw Unsupported("reduction over a tensor with more than 64 dims");  // as reduce_dims
     if (!c.has(1)) {  // argmax without dim: over the flattened tensor
       Value flat = c.b.reshape(x, {hlo::numel(x.shape())});
       return {c.b.reduce_arg(flat, 0, is_max).second};
@@ -193,6 +194,8 @@ void register_reduction() {
   add_rule("aten::aminmax", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
+    if (c.odt(0) != x.dtype() || c.odt(1) != x.dtype())  // out= tensors of another dtype: CPU rejects them
+      throw UserError("aminmax: expected out tensors of the input's dtype");
     auto dims = reduce_dims(c, 1, x.rank());
     Value lo = b.reduce(x, b.highest(x.dtype()), dims, "minimum"), hi = b.reduce(x, b.lowest(x.dtype()), dims, "maximum");
     if (!hlo::is_float(x.dtype())) return {lo, hi};
@@ -241,8 +244,11 @@ void register_reduction() {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value x = b.convert(c.in(0), t);
-    if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    // complex: CPU scans log(e^a + e^b) pairwise, whose imaginary part is not
+    // reduced to (-pi, pi]; not lowered
+    if (hlo::is_complex(t)) throw Unsupported("logcumsumexp of a complex tensor");
+    if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
     Value m = b.reduce(x, b.lowest(t), {dim}, "maximum");
     m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(t, m.shape()));
     Value mb = b.broadcast_in_dim(m, x.shape(), [&] {
