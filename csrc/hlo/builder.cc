@@ -239,7 +239,10 @@ Value Builder::constant(double v, DType t, const Shape& shape) {
   if (is_float(t)) lit = float_literal(v, t);
   else if (t == DType::Pred) lit = v != 0 ? "true" : "false";
   else if (t == DType::C64) lit = "(" + float_literal(v, DType::F32) + ", 0x00000000)";
-  else return constant_int(static_cast<int64_t>(v), t, shape);
+  else  // an integer type: truncated (NaN: 0; beyond int64: its bound), then wrapped by constant_int
+    return constant_int(std::isnan(v) ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                                                                          : static_cast<int64_t>(v),
+                        t, shape);
   Type ty{t, shape};
   return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
 }
@@ -248,7 +251,16 @@ Value Builder::constant_int(int64_t v, DType t, const Shape& shape) {
   if (is_float(t) || t == DType::C64) return constant(static_cast<double>(v), t, shape);
   if (dry_) return fresh(Type{t, shape});
   Type ty{t, shape};
-  std::string lit = t == DType::Pred ? (v ? "true" : "false") : std::to_string(v);
+  // v wrapped to the type's width, as a C++ conversion does (the literal must fit the type)
+  int bits = static_cast<int>(8 * itemsize(t));
+  std::string lit;
+  if (t == DType::Pred) lit = v ? "true" : "false";
+  else if (bits == 64) lit = std::to_string(v);
+  else {
+    uint64_t u = static_cast<uint64_t>(v) & ((uint64_t{1} << bits) - 1);
+    bool neg = !is_unsigned(t) && (u >> (bits - 1));
+    lit = neg ? std::to_string(static_cast<int64_t>(u) - (int64_t{1} << bits)) : std::to_string(u);
+  }
   return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
 }
 
@@ -285,6 +297,11 @@ Value Builder::constant_array(const std::vector<int64_t>& v, DType t) {
 }
 
 Value Builder::constant_array(const std::vector<double>& v, DType t) {
+  if (!is_float(t) && t != DType::C64) {  // integer literals, truncated
+    std::vector<int64_t> iv;
+    for (double x : v) iv.push_back(std::isnan(x) ? 0 : static_cast<int64_t>(std::max(-9.2e18, std::min(9.2e18, x))));
+    return constant_array(iv, t);
+  }
   Type ty{t, {static_cast<int64_t>(v.size())}};
   if (v.empty()) return zeros(t, ty.shape);
   if (dry_) return fresh(ty);

@@ -1,5 +1,6 @@
 // Registry, Ctx accessors and helpers shared by the op families.
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <unordered_map>
 
@@ -172,6 +173,13 @@ Value sum(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (acc == DType::Pred) acc = DType::S64;
   Value xa = b.convert(x, acc);
   return b.reduce(xa, b.constant(0, acc), dims, "add");
+}
+
+Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool is_max) {
+  Value r = b.reduce(x, is_max ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, is_max ? "maximum" : "minimum");
+  if (!hlo::is_float(x.dtype()) || dims.empty()) return r;
+  Value nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), dims, "or");
+  return b.select(nan, b.constant(NAN, x.dtype(), r.shape()), r);
 }
 
 Value keep_dims(Builder& b, Value r, const Shape& full, const std::vector<int64_t>& dims) {

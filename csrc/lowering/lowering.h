@@ -176,6 +176,9 @@ Value contract(Ctx& c, Value a, Value b, const ContractFn& op, DType out);
 // Sum of x over dims in the accumulation type, converted back to x's type when keep_type.
 Value sum(Builder& b, Value x, const std::vector<int64_t>& dims);
 Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<int64_t>& dims);
+// max (is_max) or min of x over dims, NaN where the reduced slice holds a NaN (the
+// XLA CPU plugin's max/min reductions skip NaNs; PyTorch's propagate them)
+Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool is_max);
 // Counter-based uniform [0,1) floats of shape s (f32).
 Value uniform01(Ctx& c, const Shape& s);
 Value normal01(Ctx& c, const Shape& s);

@@ -268,6 +268,26 @@ Value hurwitz_zeta(Builder& b, Value x, Value q) {
   return b.select(b.compare(x, k(b, 1, x), Cmp::EQ), inf, r);
 }
 
+// trigamma(x) = psi'(x), as CPU computes it: below 1/2 by reflection,
+// psi'(x) = pi^2 / sin^2(pi x) - psi'(1 - x); then six steps of psi'(x) = 1/x^2 + psi'(x + 1)
+// and the asymptotic series (1 + 1/(2x) + 1/(6x^2) - 1/(30x^4) + 1/(42x^6)) / x
+Value trigamma(Builder& b, Value x) {
+  Value refl = b.compare(x, k(b, 0.5, x), Cmp::LT);
+  Value s = b.unary("sine", b.mul(k(b, M_PI, x), x));
+  Value r = b.select(refl, b.neg(b.div(k(b, M_PI * M_PI, x), b.mul(s, s))), k(b, 0, x));
+  Value y = b.select(refl, b.sub(k(b, 1, x), x), x);
+  for (int i = 0; i < 6; ++i) {
+    r = b.add(r, b.div(k(b, 1, x), b.mul(y, y)));
+    y = b.add(y, k(b, 1, x));
+  }
+  Value iyy = b.div(k(b, 1, x), b.mul(y, y));
+  Value series = b.sub(k(b, 1.0 / 30, x), b.mul(iyy, k(b, 1.0 / 42, x)));
+  series = b.sub(k(b, 1.0 / 6, x), b.mul(iyy, series));
+  series = b.add(b.add(k(b, 1, x), b.div(k(b, 0.5, x), y)), b.mul(iyy, series));
+  r = b.add(r, b.div(series, y));
+  return b.select(refl, b.neg(r), r);
+}
+
 // erfcx(x) = exp(x^2) erfc(x): directly below 2, else the continued fraction
 // erfc(x) exp(x^2) sqrt(pi) = 1 / (x + (1/2) / (x + 1 / (x + (3/2) / (x + ...)))) (48 levels)
 Value erfcx(Builder& b, Value x) {
@@ -395,13 +415,14 @@ void register_special() {
     Value y = b.sub(b.mul(k(b, 2, p), p), k(b, 1, p));
     return b.mul(k(b, M_SQRT2, p), chlo(b, "chlo.erf_inv", {y}));
   }));
-  // polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 1
+  // polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 2; digamma and trigamma for n = 0, 1
   add_rule("aten::polygamma", [](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value x = c.in_out(1, t);
     int64_t n = c.int_(0);
     if (n == 0) return {b.convert(chlo(b, "chlo.digamma", {x}), c.odt())};
+    if (n == 1) return {b.convert(trigamma(b, x), c.odt())};
     Value z = hurwitz_zeta(b, k(b, double(n + 1), x), x);
     return {b.convert(b.mul(z, k(b, (n % 2 ? 1 : -1) * std::tgamma(double(n + 1)), x)), c.odt())};
   });
