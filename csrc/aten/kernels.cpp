@@ -302,7 +302,16 @@ at::Tensor new_tpu_tensor(const MetaOut& m, int device) {
 class OpEnv final : public lower::Env {
  public:
   OpEnv(engine::Graph& g, int device) : g_(g), device_(device) {}
-  hlo::Value scalar_param(double v, bool is_int, hlo::DType t) override { return g_.scalar_param(v, is_int, t); }
+  hlo::Value scalar_param(double v, bool is_int, hlo::DType t) override {
+    hlo::Value p = g_.scalar_param(v, is_int, t);
+    values_.emplace_back(p.id, v);
+    return p;
+  }
+  std::optional<double> scalar_value(const hlo::Value& v) const override {
+    for (const auto& [id, x] : values_)
+      if (id == v.id) return x;
+    return std::nullopt;
+  }
   std::pair<hlo::Value, hlo::Value> rng(int64_t n) override {
     if (g_.capture) return g_.rng_param(n);  // drawn each time the captured program runs
     auto [seed, offset] = generator_take(device_, static_cast<uint64_t>(n));
@@ -340,6 +349,7 @@ class OpEnv final : public lower::Env {
  private:
   engine::Graph& g_;
   int device_;
+  std::vector<std::pair<int, double>> values_;  // scalar parameters made for this op
 };
 
 [[noreturn]] void device_mismatch(const c10::Device& a, const c10::Device& b) {

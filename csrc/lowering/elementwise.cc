@@ -52,6 +52,9 @@ bool rounds(const std::string& op) { return op == "floor" || op == "ceil" || op 
 Rule unary(const char* op) {
   return [op](Ctx& c) -> V {
     Value x = c.in(0);
+    // bool -> bool: CPU implements only sign and bitwise_not (the Meta kernels accept the rest)
+    if (x.dtype() == DType::Pred && c.odt() == DType::Pred && std::string(op) != "sign" && std::string(op) != "not")
+      throw UserError(std::string(op) + " is not implemented for 'Bool'");
     if (rounds(op) && !hlo::is_float(x.dtype()) && !hlo::is_complex(x.dtype())) return {c.in_out(0, c.odt())};
     if (std::string(op) == "sign" && x.dtype() == DType::Pred) return {c.in_out(0, c.odt())};  // sign(bool) = itself
     if (std::string(op) == "sign" && hlo::is_float(x.dtype())) {  // sign(x) = (x > 0) - (x < 0): 0 for NaN, as on CPU
@@ -186,8 +189,11 @@ Value remainder(Builder& b, Value x, Value y) {
 // Integer division by a Python number 0 raises CPU's "ZeroDivisionError" (zeros
 // inside a divisor tensor are not checked: that would need its data on the host).
 void check_int_divisor(const Ctx& c, size_t i) {
-  if (!hlo::is_int(c.odt()) || !c.has(i) || c.arg(i).kind != Arg::Scalar) return;
-  if (c.num_is(i, 0)) throw UserError("ZeroDivisionError");
+  if (!hlo::is_int(c.odt()) || !c.has(i)) return;
+  const Arg& a = c.arg(i);
+  if (a.kind == Arg::Scalar && c.num_is(i, 0)) throw UserError("ZeroDivisionError");
+  if (a.kind == Arg::Tensor && c.env.scalar_value(a.tensor) == 0.0)  // a CPU scalar: `x // 0`
+    throw UserError("ZeroDivisionError");
 }
 
 // div with rounding_mode None | "trunc" | "floor"
@@ -312,6 +318,7 @@ void register_elementwise() {
   };
   for (auto& [n, op] : simple) add_rule(n, unary(op));
   add_rule("aten::trunc", [](Ctx& c) -> V {
+    if (c.in(0).dtype() == DType::Pred) throw UserError("trunc is not implemented for 'Bool'");  // as on CPU
     if (!hlo::is_float(c.in(0).dtype())) return {c.in_out(0, c.odt())};  // integers: unchanged
     return unary_fn(trunc)(c);
   });

@@ -362,7 +362,11 @@ void register_indexing() {
     Value x = c.in(0);
     auto [a, out, rest, offset_dims] = indexed(c, x);
     Shape sizes = x.shape();
-    for (int64_t d : a.dims) sizes[d] = 1;
+    for (int64_t d : a.dims) {
+      // any index into an empty dim is out of range (CPU: IndexError); an empty result never gets here
+      if (sizes[d] == 0) throw UserError("index is out of bounds for dimension with size 0");
+      sizes[d] = 1;
+    }
     Shape ishape = a.bshape;
     ishape.push_back(static_cast<int64_t>(a.dims.size()));
     Value coords = b.reshape(a.coords, ishape);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -77,6 +78,10 @@ class Env {
   // True where the plugin implements precision_config itself (TPU): contractions
   // are then emitted once with the mode, instead of as bf16 splits.
   virtual bool native_precision() const { return false; }
+  // The value behind a scalar parameter this Env made (a Python number that came
+  // as a 0-dim CPU tensor, e.g. `x // 0`), for checks that do not shape the
+  // program; nullopt where unknown.
+  virtual std::optional<double> scalar_value(const Value&) const { return std::nullopt; }
 };
 
 // Thrown by a rule for an argument combination it does not lower; the op then
