@@ -31,6 +31,8 @@ int64_t count_true(const at::Tensor& flat_mask) { return flat_mask.sum().item<in
 at::Tensor unravel(const at::Tensor& flat, at::IntArrayRef sizes) {
   int64_t nd = static_cast<int64_t>(sizes.size());
   if (nd == 0) return at::zeros({flat.numel(), 0}, flat.options());
+  // an empty tensor has no coordinates (rows here are only nonzero_static's fill): no division by a 0 size
+  if (c10::multiply_integers(sizes) == 0) return at::zeros({flat.numel(), nd}, flat.options());
   std::vector<at::Tensor> cols(nd);
   int64_t step = 1;
   for (int64_t d = nd - 1; d >= 0; --d) {

@@ -186,6 +186,24 @@ Value remainder(Builder& b, Value x, Value y) {
   return b.select(fix, b.add(r, y), r);
 }
 
+// floor(a / b) for floats as Python (and CPU) compute it, exact even where a / b
+// rounds up to an integer: m = fmod(a, b), q = (a - m) / b, minus 1 when m and b
+// differ in sign, then rounded to the nearest integer; a / b for b = 0, and a signed
+// zero for a zero quotient.
+Value floor_div(Builder& b, Value x, Value y) {
+  Value zero = k(b, 0, x), m = b.binary("remainder", x, y);
+  Value q = b.div(b.sub(x, m), y);
+  Value fix = b.binary("and", b.compare(m, zero, hlo::Cmp::NE),
+                       b.compare(b.compare(y, zero, hlo::Cmp::LT), b.compare(m, zero, hlo::Cmp::LT), hlo::Cmp::NE));
+  q = b.select(fix, b.sub(q, k(b, 1, q)), q);
+  Value f = b.unary("floor", q);
+  f = b.select(b.compare(b.sub(q, f), k(b, 0.5, q), hlo::Cmp::GT), b.add(f, k(b, 1, f)), f);
+  Value plain = b.div(x, y);
+  Value signed_zero = b.mul(zero, plain);  // +-0 with the sign of a / b
+  f = b.select(b.compare(q, zero, hlo::Cmp::EQ), signed_zero, f);
+  return b.select(b.compare(y, zero, hlo::Cmp::EQ), plain, f);
+}
+
 // Integer division by a Python number 0 raises CPU's "ZeroDivisionError" (zeros
 // inside a divisor tensor are not checked: that would need its data on the host).
 void check_int_divisor(const Ctx& c, size_t i) {
@@ -216,8 +234,11 @@ V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
                                       b.compare(d, k(b, 0, d), hlo::Cmp::LT), hlo::Cmp::NE));
     return {b.select(adjust, b.sub(q, k(b, 1, q)), q)};
   }
-  Value q = b.div(a, d);
-  return {mode == "trunc" ? trunc(b, q) : b.unary("floor", q)};
+  // floats, as CPU: trunc rounds the quotient to the tensor's type first; floor
+  // computes in the accumulation type (f16/bf16 in f32) and rounds once
+  if (mode == "trunc") return {trunc(b, b.div(a, d))};
+  DType ct = compute_type(t);
+  return {b.convert(floor_div(b, b.convert(a, ct), b.convert(d, ct)), t)};
 }
 
 // pow(x, e) with the common exponents spelled out (structural on the exponent).
@@ -290,21 +311,22 @@ void register_elementwise() {
     add_rule(n, [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
   for (auto n : {"aten::clamp_max", "aten::clamp_max.Tensor"})
     add_rule(n, [](Ctx& c) -> V { return {c.b.min(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
-  // lerp(a, b, w) = a + w * (b - a)
+  // lerp(a, b, w) = a + w * (b - a); these fused formulas compute in the accumulation
+  // type (f16/bf16 in f32) and round once, as CPU does
   for (auto n : {"aten::lerp.Scalar", "aten::lerp.Tensor"})
     add_rule(n, [](Ctx& c) -> V {
-      DType t = c.odt();
+      DType t = compute_type(c.odt());
       Value a = c.in_out(0, t), b = c.in_out(1, t), w = c.in_out(2, t);
-      return {c.b.add(a, c.b.mul(w, c.b.sub(b, a)))};
+      return {c.b.convert(c.b.add(a, c.b.mul(w, c.b.sub(b, a))), c.odt())};
     });
   // addcmul(s, t1, t2, value) = s + value * t1 * t2 ; addcdiv: s + value * t1 / t2
   for (bool is_div : {false, true})
     add_rule(is_div ? "aten::addcdiv" : "aten::addcmul", [is_div](Ctx& c) -> V {
-      DType t = c.odt();
+      DType t = compute_type(c.odt());
       Value s = c.in_out(0, t), a = c.in_out(1, t), b = c.in_out(2, t);
       Value p = is_div ? c.b.div(a, b) : c.b.mul(a, b);
       if (!c.has(3) || !c.num_is(3, 1.0)) p = c.b.mul(c.in_out(3, t), p);
-      return {c.b.add(s, p)};
+      return {c.b.convert(c.b.add(s, p), c.odt())};
     });
 
   // ---- unary math (table rows over the generic unary rules)

@@ -2,6 +2,7 @@
 // indexing), index_put, index_add, embedding backward.
 // Negative indices wrap as in PyTorch; out-of-range indices are clamped by the
 // StableHLO gather semantics (PyTorch would raise; see docs/STATUS.md).
+#include <cmath>
 #include <functional>
 #include <tuple>
 
@@ -526,7 +527,8 @@ void register_indexing() {
       std::tie(lo, hi) = data_range(b, x, t);
     }
     Value edges = linear_edges(b, lo, hi, bins, t);
-    if (hlo::numel(x.shape()) == 0) return {b.zeros(t, {bins}), edges};
+    // no data: zero counts, and a density of 0 / 0 = NaN, as on CPU
+    if (hlo::numel(x.shape()) == 0) return {b.constant(c.flag_or(4, false) ? NAN : 0.0, t, {bins}), edges};
     Value h = bin_counts(b, x, c.has(3) ? c.in(3) : Value{}, edges, bins, true);
     return {c.flag_or(4, false) ? density(b, h, edges, bins) : h, edges};
   });
@@ -536,7 +538,8 @@ void register_indexing() {
     DType t = c.odt(0);
     Value edges = b.convert(c.in(1), t);
     int64_t bins = edges.shape()[0] - 1;
-    if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0) return {b.zeros(t, c.oshape(0)), edges};
+    if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0)  // no data: a density of 0 / 0 = NaN, as on CPU
+      return {b.constant(c.flag_or(3, false) && bins > 0 ? NAN : 0.0, t, c.oshape(0)), edges};
     Value h = bin_counts(b, c.in(0), c.has(2) ? c.in(2) : Value{}, edges, bins, false);
     return {c.flag_or(3, false) ? density(b, h, edges, bins) : h, edges};
   });

@@ -268,6 +268,14 @@ Value hurwitz_zeta(Builder& b, Value x, Value q) {
   return b.select(b.compare(x, k(b, 1, x), Cmp::EQ), inf, r);
 }
 
+// digamma(x) by chlo.digamma, except digamma(+-0) = -+inf (CPU: copysign(inf, -x))
+Value digamma(Builder& b, Value x) {
+  DType it = x.dtype() == DType::F64 ? DType::S64 : DType::S32;  // f32 or f64 here (unary_fn)
+  Value neg0 = b.compare(b.bitcast(x, it), b.zeros(it, x.shape()), Cmp::LT);
+  Value at0 = b.select(neg0, k(b, INFINITY, x), k(b, -INFINITY, x));
+  return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), at0, chlo(b, "chlo.digamma", {x}));
+}
+
 // trigamma(x) = psi'(x), as CPU computes it: below 1/2 by reflection,
 // psi'(x) = pi^2 / sin^2(pi x) - psi'(1 - x); then six steps of psi'(x) = 1/x^2 + psi'(x + 1)
 // and the asymptotic series (1 + 1/(2x) + 1/(6x^2) - 1/(30x^4) + 1/(42x^6)) / x
@@ -406,10 +414,10 @@ void register_special() {
   // one CHLO op each
   const std::pair<const char*, const char*> direct[] = {{"aten::erfinv", "chlo.erf_inv"},
                                                         {"aten::lgamma", "chlo.lgamma"},
-                                                        {"aten::digamma", "chlo.digamma"},
                                                         {"aten::special_i1e", "chlo.bessel_i1e"}};
   for (auto& [n, op] : direct)
     add_rule(n, unary_fn([op = op](Builder& b, Value x) { return chlo(b, op, {x}); }));
+  add_rule("aten::digamma", unary_fn(digamma));
   // ndtri(p) = sqrt(2) erfinv(2p - 1)
   add_rule("aten::special_ndtri", unary_fn([](Builder& b, Value p) {
     Value y = b.sub(b.mul(k(b, 2, p), p), k(b, 1, p));
@@ -421,7 +429,7 @@ void register_special() {
     DType t = compute_type(c.odt());
     Value x = c.in_out(1, t);
     int64_t n = c.int_(0);
-    if (n == 0) return {b.convert(chlo(b, "chlo.digamma", {x}), c.odt())};
+    if (n == 0) return {b.convert(digamma(b, x), c.odt())};
     if (n == 1) return {b.convert(trigamma(b, x), c.odt())};
     Value z = hurwitz_zeta(b, k(b, double(n + 1), x), x);
     return {b.convert(b.mul(z, k(b, (n % 2 ? 1 : -1) * std::tgamma(double(n + 1)), x)), c.odt())};

@@ -132,10 +132,21 @@ EXPECTED_FAIL_BY_DTYPE = {
 _FLOAT_TO_INT = ("float -> integer conversion of NaN, inf and out-of-range values is undefined in C++: CPU returns "
                  "x86's INT_MIN pattern (wrapped to 8/16 bits), tpu saturates as XLA and CUDA do")
 _CASTS = {n: _FLOAT_TO_INT for n in ("byte", "char", "short", "int", "long")}
+# beyond CI's 3 extremal inputs per entry: failures of the full reference sweep (TORCH_TPU_OPINFO_FULL=1)
+_FULL_ONLY = {
+    "addcmul": "some reference inputs are complex128, which tpu does not support",
+    "addcdiv": "some reference inputs are complex128, which tpu does not support",
+    "nn.functional.scaled_dot_product_attention": "random: samples with dropout_p > 0 (CPU and tpu generators differ)",
+    "svd_lowrank": "random: the projection is drawn by the device's generator (CPU and tpu generators differ)",
+    "nn.functional.interpolate.bilinear": "source coordinates rounded in float32 as on CPU, but not bit-identically: "
+                                          "at 345 -> 270 rows the blend weights differ by ~1e-5 (both results are "
+                                          "~9e-5 from float64), beyond the 1e-4 tolerance",
+}
 EXPECTED_REFERENCE_FAIL = {
-    torch.float32: {**_CASTS, "special.zeta": "CPU sums zeta(x, q) in float64 for float32 input: at x = 501, q < 0 "
-                                              "its terms overflow float32 (inf - inf) where CPU's do not"},
-    torch.bfloat16: dict(_CASTS),
+    torch.float32: {**_CASTS, **_FULL_ONLY,
+                    "special.zeta": "CPU sums zeta(x, q) in float64 for float32 input: at x = 501, q < 0 "
+                                    "its terms overflow float32 (inf - inf) where CPU's do not"},
+    torch.bfloat16: {**_CASTS, **_FULL_ONLY},
 }
 
 
