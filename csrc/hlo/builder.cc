@@ -324,18 +324,17 @@ Value Builder::binary(const std::string& n, Value a, Value b) {
   return emit(n, {a, b}, a.type);
 }
 
+// A NaN first operand propagates through stablehlo.maximum/minimum on every plugin;
+// a NaN second operand is put back here (the XLA CPU plugin returns the first).
+// max(x, constant) costs nothing extra once the compiler folds the constant's check.
 Value Builder::max(Value a, Value b) {
   Value r = binary("maximum", a, b);
-  if (!is_float(a.dtype())) return r;
-  r = select(compare(b, b, Cmp::NE), b, r);
-  return select(compare(a, a, Cmp::NE), a, r);
+  return is_float(a.dtype()) ? select(compare(b, b, Cmp::NE), b, r) : r;
 }
 
 Value Builder::min(Value a, Value b) {
   Value r = binary("minimum", a, b);
-  if (!is_float(a.dtype())) return r;
-  r = select(compare(b, b, Cmp::NE), b, r);
-  return select(compare(a, a, Cmp::NE), a, r);
+  return is_float(a.dtype()) ? select(compare(b, b, Cmp::NE), b, r) : r;
 }
 
 Value Builder::compare(Value a, Value b, Cmp dir) {

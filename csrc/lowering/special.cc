@@ -437,15 +437,19 @@ void register_special() {
   // zeta(x, q) = sum_k (k + q)^-x (Hurwitz)
   for (auto n : {"aten::special_zeta", "aten::special_zeta.other_scalar", "aten::special_zeta.self_scalar"})
     add_rule(n, binary_fn(hurwitz_zeta));
-  // mvlgamma(x, p) = p (p - 1) / 4 log(pi) + sum_{j < p} lgamma(x - j / 2)
+  // mvlgamma(x, p) = p (p - 1) / 4 log(pi) + sum_{j < p} lgamma(x - j / 2); as CPU's
+  // composite, the arguments x - j / 2 and the lgamma values are rounded to x's type
+  // (f16/bf16: near the poles that rounding decides the value)
   add_rule("aten::mvlgamma", [](Ctx& c) -> V {
     Builder& b = c.b;
-    DType t = compute_type(c.odt());
+    DType ot = c.odt(), t = compute_type(ot);
     Value x = c.in_out(0, t);
     int64_t p = c.int_(1);
-    Value r = k(b, p * (p - 1) / 4.0 * std::log(M_PI), x);
-    for (int64_t j = 0; j < p; ++j) r = b.add(r, chlo(b, "chlo.lgamma", {b.sub(x, k(b, j / 2.0, x))}));
-    return {b.convert(r, c.odt())};
+    auto round = [&](Value v) { return b.convert(b.convert(v, ot), t); };
+    Value r = k(b, 0, x);
+    for (int64_t j = 0; j < p; ++j) r = b.add(r, round(chlo(b, "chlo.lgamma", {round(b.sub(x, k(b, j / 2.0, x)))})));
+    r = b.add(round(r), k(b, p * (p - 1) / 4.0 * std::log(M_PI), x));
+    return {b.convert(r, ot)};
   });
   // modified Bessel functions of the first kind, orders 0 and 1
   for (auto n : {"aten::i0", "aten::special_modified_bessel_i0"})

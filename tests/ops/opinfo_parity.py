@@ -142,11 +142,20 @@ _FULL_ONLY = {
                                           "at 345 -> 270 rows the blend weights differ by ~1e-5 (both results are "
                                           "~9e-5 from float64), beyond the 1e-4 tolerance",
 }
+_BF16_COMPOSITE = "composite of bfloat16 ops (each rounded) where CPU's kernel rounds once: one element in cancellation"
+_FULL_ONLY_BF16 = {
+    **_FULL_ONLY, "topk": _TIES, "sort": _TIES, "argsort": _TIES, "mode": _TIES,
+    "addr": _BF16_COMPOSITE, "nn.functional.instance_norm": _BF16_COMPOSITE,
+    "nn.functional.upsample_bilinear": _FULL_ONLY["nn.functional.interpolate.bilinear"],
+    "histc": "bfloat16 values on bin edges land in the neighbouring bin (edges rounded differently than CPU's)",
+    "nn.functional.grid_sample": "runs on the CPU fallback; CPU's bfloat16 grid_sampler_2d returns garbage (~1e22) "
+                                 "for grid points far outside [-1, 1], different on each call",
+}
 EXPECTED_REFERENCE_FAIL = {
     torch.float32: {**_CASTS, **_FULL_ONLY,
                     "special.zeta": "CPU sums zeta(x, q) in float64 for float32 input: at x = 501, q < 0 "
                                     "its terms overflow float32 (inf - inf) where CPU's do not"},
-    torch.bfloat16: {**_CASTS, **_FULL_ONLY},
+    torch.bfloat16: {**_CASTS, **_FULL_ONLY_BF16},
 }
 
 
