@@ -31,6 +31,8 @@ int64_t count_true(const at::Tensor& flat_mask) { return flat_mask.sum().item<in
 at::Tensor unravel(const at::Tensor& flat, at::IntArrayRef sizes) {
   int64_t nd = static_cast<int64_t>(sizes.size());
   if (nd == 0) return at::zeros({flat.numel(), 0}, flat.options());
+  // an empty tensor has no coordinates (rows here are only nonzero_static's fill): no division by a 0 size
+  if (c10::multiply_integers(sizes) == 0) return at::zeros({flat.numel(), nd}, flat.options());
   std::vector<at::Tensor> cols(nd);
   int64_t step = 1;
   for (int64_t d = nd - 1; d >= 0; --d) {
@@ -49,6 +51,8 @@ at::Tensor tpu_nonzero(const at::Tensor& self) {
 }
 
 at::Tensor& tpu_nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(out.dtype() == at::kLong, "nonzero: Expected out tensor to have scalar type Long ",
+              "but got scalar type", out.scalar_type());  // CPU's message, spacing included
   at::Tensor r = tpu_nonzero(self);
   at::native::resize_output(out, r.sizes());
   out.copy_(r);
@@ -79,6 +83,7 @@ at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
 }
 
 at::Tensor& tpu_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
+  TORCH_CHECK(self.scalar_type() == out.scalar_type(), "masked_select(): self and result must have the same scalar type");
   at::Tensor r = tpu_masked_select(self, mask);
   at::native::resize_output(out, r.sizes());
   out.copy_(r);

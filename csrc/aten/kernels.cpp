@@ -45,6 +45,8 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
     TORCH_CHECK(false, e.what());
   } catch (const hlo::BuildError& e) {
     TORCH_CHECK(false, "torch_tpu could not lower ", what, ": ", e.what());
+  } catch (const lower::IndexError& e) {
+    TORCH_CHECK_INDEX(false, e.what());
   } catch (const lower::UserError& e) {
     TORCH_CHECK(false, e.what());
   }
@@ -303,7 +305,16 @@ at::Tensor new_tpu_tensor(const MetaOut& m, int device) {
 class OpEnv final : public lower::Env {
  public:
   OpEnv(engine::Graph& g, int device) : g_(g), device_(device) {}
-  hlo::Value scalar_param(double v, bool is_int, hlo::DType t) override { return g_.scalar_param(v, is_int, t); }
+  hlo::Value scalar_param(double v, bool is_int, hlo::DType t) override {
+    hlo::Value p = g_.scalar_param(v, is_int, t);
+    values_.emplace_back(p.id, v);
+    return p;
+  }
+  std::optional<double> scalar_value(const hlo::Value& v) const override {
+    for (const auto& [id, x] : values_)
+      if (id == v.id) return x;
+    return std::nullopt;
+  }
   std::pair<hlo::Value, hlo::Value> rng(int64_t n) override {
     if (g_.capture) return g_.rng_param(n);  // drawn each time the captured program runs
     auto [seed, offset] = generator_take(device_, static_cast<uint64_t>(n));
@@ -344,6 +355,7 @@ class OpEnv final : public lower::Env {
  private:
   engine::Graph& g_;
   int device_;
+  std::vector<std::pair<int, double>> values_;  // scalar parameters made for this op
 };
 
 [[noreturn]] void device_mismatch(const c10::Device& a, const c10::Device& b) {
@@ -352,6 +364,15 @@ class OpEnv final : public lower::Env {
 }
 
 bool cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
+
+bool dtype_supported(c10::ScalarType t) {
+  try {
+    (void)to_hlo(t);
+    return true;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
 
 // A CPU tensor passed where the op allows one (indices of index/index_put):
 // uploaded to a temporary tpu storage.
@@ -485,6 +506,19 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
 
+  // A complex CPU scalar (`x * 1j`): scalar parameters are real, so it takes
+  // part as a 0-dim complex64 tpu tensor (the Meta kernel above saw the original).
+  for (auto& v : args)
+    if (v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor()) && v.toTensor().is_complex())
+      v = upload(v.toTensor().to(c10::kComplexFloat), device);
+
+  // A result of a dtype tpu lacks (complex128, ...): CPU's error first where CPU rejects the call
+  for (const auto& m : meta.rets)
+    if (m.defined && !dtype_supported(m.dtype)) {
+      replay_on_cpu(op, args);
+      break;
+    }
+
   // out= arguments resized by the meta kernel are resized here too
   for (size_t k = 0; k < info.ret_alias.size(); ++k) {
     int a = info.ret_alias[k];
@@ -532,7 +566,19 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       bool all_empty = !meta.rets.empty();
       for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
       std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
-                                              : guarded(info.name.c_str(), [&] { return (*info.rule)(ctx); });
+                                              : guarded(info.name.c_str(), [&] {
+                                                  // a rule that rejects the input, or cannot build it:
+                                                  // CPU's own error where CPU rejects the input too
+                                                  try {
+                                                    return (*info.rule)(ctx);
+                                                  } catch (const lower::UserError&) {
+                                                    replay_on_cpu(op, args);
+                                                    throw;
+                                                  } catch (const hlo::BuildError&) {
+                                                    replay_on_cpu(op, args);
+                                                    throw;
+                                                  }
+                                                });
       lower::Reads reads = ctx.reads();
       if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
       TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),

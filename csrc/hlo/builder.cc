@@ -77,6 +77,22 @@ std::string types(const std::vector<Type>& ts) {
   return s;
 }
 
+// Dimension arguments are checked before any shape is indexed with them: a bad
+// dim from a rule is a BuildError (a RuntimeError for the user), never an
+// out-of-bounds read.
+void check_dim(const char* op, int64_t d, int64_t rank) {
+  if (d < 0 || d >= rank)
+    throw BuildError(std::string(op) + ": dimension " + std::to_string(d) + " out of range for rank " +
+                     std::to_string(rank));
+}
+void check_dims(const char* op, const std::vector<int64_t>& dims, int64_t rank) {
+  for (int64_t d : dims) check_dim(op, d, rank);
+}
+void check_arity(const char* op, size_t n, int64_t rank) {
+  if (static_cast<int64_t>(n) != rank)
+    throw BuildError(std::string(op) + ": " + std::to_string(n) + " entries for rank " + std::to_string(rank));
+}
+
 // Exact literal for a floating value of type t: its bit pattern in hex.
 std::string float_literal(double v, DType t) {
   char buf[32];
@@ -236,7 +252,10 @@ Value Builder::constant(double v, DType t, const Shape& shape) {
   if (is_float(t)) lit = float_literal(v, t);
   else if (t == DType::Pred) lit = v != 0 ? "true" : "false";
   else if (t == DType::C64) lit = "(" + float_literal(v, DType::F32) + ", 0x00000000)";
-  else return constant_int(static_cast<int64_t>(v), t, shape);
+  else  // an integer type: truncated (NaN: 0; beyond int64: its bound), then wrapped by constant_int
+    return constant_int(std::isnan(v) ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
+                                                                                                          : static_cast<int64_t>(v),
+                        t, shape);
   Type ty{t, shape};
   return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
 }
@@ -245,7 +264,16 @@ Value Builder::constant_int(int64_t v, DType t, const Shape& shape) {
   if (is_float(t) || t == DType::C64) return constant(static_cast<double>(v), t, shape);
   if (dry_) return fresh(Type{t, shape});
   Type ty{t, shape};
-  std::string lit = t == DType::Pred ? (v ? "true" : "false") : std::to_string(v);
+  // v wrapped to the type's width, as a C++ conversion does (the literal must fit the type)
+  int bits = static_cast<int>(8 * itemsize(t));
+  std::string lit;
+  if (t == DType::Pred) lit = v ? "true" : "false";
+  else if (bits == 64) lit = std::to_string(v);
+  else {
+    uint64_t u = static_cast<uint64_t>(v) & ((uint64_t{1} << bits) - 1);
+    bool neg = !is_unsigned(t) && (u >> (bits - 1));
+    lit = neg ? std::to_string(static_cast<int64_t>(u) - (int64_t{1} << bits)) : std::to_string(u);
+  }
   return emit("constant", {}, ty, "value = dense<" + lit + "> : " + ty.str());
 }
 
@@ -282,6 +310,11 @@ Value Builder::constant_array(const std::vector<int64_t>& v, DType t) {
 }
 
 Value Builder::constant_array(const std::vector<double>& v, DType t) {
+  if (!is_float(t) && t != DType::C64) {  // integer literals, truncated
+    std::vector<int64_t> iv;
+    for (double x : v) iv.push_back(std::isnan(x) ? 0 : static_cast<int64_t>(std::max(-9.2e18, std::min(9.2e18, x))));
+    return constant_array(iv, t);
+  }
   Type ty{t, {static_cast<int64_t>(v.size())}};
   if (v.empty()) return zeros(t, ty.shape);
   if (dry_) return fresh(ty);
@@ -291,6 +324,7 @@ Value Builder::constant_array(const std::vector<double>& v, DType t) {
 }
 
 Value Builder::iota(DType t, const Shape& s, int64_t dim) {
+  check_dim("iota", dim, static_cast<int64_t>(s.size()));
   return emit("iota", {}, Type{t, s}, "iota_dimension = " + std::to_string(dim) + " : i64");
 }
 
@@ -301,6 +335,19 @@ Value Builder::binary(const std::string& n, Value a, Value b) {
   if (a.type != b.type)
     throw BuildError("stablehlo." + n + ": operand types differ: " + a.type.str() + " vs " + b.type.str());
   return emit(n, {a, b}, a.type);
+}
+
+// A NaN first operand propagates through stablehlo.maximum/minimum on every plugin;
+// a NaN second operand is put back here (the XLA CPU plugin returns the first).
+// max(x, constant) costs nothing extra once the compiler folds the constant's check.
+Value Builder::max(Value a, Value b) {
+  Value r = binary("maximum", a, b);
+  return is_float(a.dtype()) ? select(compare(b, b, Cmp::NE), b, r) : r;
+}
+
+Value Builder::min(Value a, Value b) {
+  Value r = binary("minimum", a, b);
+  return is_float(a.dtype()) ? select(compare(b, b, Cmp::NE), b, r) : r;
 }
 
 Value Builder::compare(Value a, Value b, Cmp dir) {
@@ -328,7 +375,10 @@ Value Builder::bitcast(Value x, DType t) {
   return emit("bitcast_convert", {x}, Type{t, x.shape()});
 }
 
-Value Builder::clamp(Value lo, Value x, Value hi) { return emit("clamp", {lo, x, hi}, x.type); }
+// min(max(x, lo), hi): NaN in x propagates (stablehlo.clamp drops it on the XLA CPU plugin)
+Value Builder::clamp(Value lo, Value x, Value hi) {
+  return min(max(x, broadcast_to(lo, x.shape())), broadcast_to(hi, x.shape()));
+}
 
 // ---------------------------------------------------------------- shape
 Value Builder::reshape(Value x, const Shape& s) {
@@ -338,6 +388,8 @@ Value Builder::reshape(Value x, const Shape& s) {
 }
 
 Value Builder::transpose(Value x, const std::vector<int64_t>& perm) {
+  check_arity("transpose", perm.size(), x.rank());
+  check_dims("transpose", perm, x.rank());
   bool identity = true;
   Shape s(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) {
@@ -350,6 +402,8 @@ Value Builder::transpose(Value x, const std::vector<int64_t>& perm) {
 
 Value Builder::broadcast_in_dim(Value x, const Shape& s, const std::vector<int64_t>& dims) {
   if (x.shape() == s) return x;
+  check_arity("broadcast_in_dim", dims.size(), x.rank());
+  check_dims("broadcast_in_dim", dims, static_cast<int64_t>(s.size()));
   return emit("broadcast_in_dim", {x}, Type{x.dtype(), s}, "broadcast_dimensions = " + i64_array(dims));
 }
 
@@ -366,6 +420,9 @@ Value Builder::broadcast_to(Value x, const Shape& s) {
 }
 
 Value Builder::slice(Value x, const Shape& start, const Shape& limit, const Shape& strides) {
+  check_arity("slice", start.size(), x.rank());
+  check_arity("slice", limit.size(), x.rank());
+  check_arity("slice", strides.size(), x.rank());
   Shape s(x.rank());
   bool whole = true;
   for (int64_t i = 0; i < x.rank(); ++i) {
@@ -394,6 +451,11 @@ Value Builder::dynamic_slice(Value x, const std::vector<Value>& starts, const Sh
 }
 
 Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
+  if (xs.empty()) throw BuildError("concatenate: no operands");
+  for (auto& x : xs) {
+    check_dim("concatenate", dim, x.rank());
+    check_arity("concatenate", x.shape().size(), xs[0].rank());
+  }
   if (xs.size() == 1) return xs[0];
   Shape s = xs[0].shape();
   s[dim] = 0;
@@ -402,6 +464,9 @@ Value Builder::concatenate(const std::vector<Value>& xs, int64_t dim) {
 }
 
 Value Builder::pad(Value x, Value pv, const Shape& lo, const Shape& hi, const Shape& interior) {
+  check_arity("pad", lo.size(), x.rank());
+  check_arity("pad", hi.size(), x.rank());
+  check_arity("pad", interior.size(), x.rank());
   Shape s(x.rank());
   for (int64_t i = 0; i < x.rank(); ++i)
     s[i] = lo[i] + hi[i] + x.shape()[i] + std::max<int64_t>(0, x.shape()[i] - 1) * interior[i];
@@ -412,6 +477,7 @@ Value Builder::pad(Value x, Value pv, const Shape& lo, const Shape& hi, const Sh
 
 Value Builder::reverse(Value x, const std::vector<int64_t>& dims) {
   if (dims.empty()) return x;
+  check_dims("reverse", dims, x.rank());
   return emit("reverse", {x}, x.type, "dimensions = " + i64_array(dims));
 }
 
@@ -435,6 +501,7 @@ std::string Builder::region(const std::string& body, DType t, int n) {
 
 Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, const std::string& body) {
   if (dims.empty()) return x;
+  check_dims("reduce", dims, x.rank());
   Shape s;
   for (int64_t i = 0; i < x.rank(); ++i) {
     bool reduced = false;
@@ -447,6 +514,7 @@ Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, con
 
 std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
   DType t = x.dtype();
+  check_dim("reduce_arg", dim, x.rank());
   Shape s;
   for (int64_t i = 0; i < x.rank(); ++i)
     if (i != dim) s.push_back(x.shape()[i]);
@@ -500,6 +568,9 @@ std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
 
 Value Builder::reduce_window(Value x, Value init, const Shape& window, const Shape& strides,
                              const std::vector<std::pair<int64_t, int64_t>>& padding, const std::string& body) {
+  check_arity("reduce_window", window.size(), x.rank());
+  check_arity("reduce_window", strides.size(), x.rank());
+  check_arity("reduce_window", padding.size(), x.rank());
   Shape s(x.rank());
   std::string pads;
   for (int64_t i = 0; i < x.rank(); ++i) {
@@ -516,6 +587,10 @@ Value Builder::reduce_window(Value x, Value init, const Shape& window, const Sha
 // ---------------------------------------------------------------- contraction
 Value Builder::dot_general(Value a, Value b, const DotDims& d, DType result, const std::string& precision) {
   if (a.dtype() != b.dtype()) throw BuildError("dot_general: operand element types differ");
+  check_dims("dot_general", d.lhs_batch, a.rank());
+  check_dims("dot_general", d.lhs_contract, a.rank());
+  check_dims("dot_general", d.rhs_batch, b.rank());
+  check_dims("dot_general", d.rhs_contract, b.rank());
   Shape s;
   auto in = [](const std::vector<int64_t>& v, int64_t i) {
     for (int64_t x : v) if (x == i) return true;
@@ -576,6 +651,8 @@ Value Builder::convolution(Value lhs, Value rhs, const ConvDims& d, const Shape&
 
 // ---------------------------------------------------------------- indexing
 Value Builder::take(Value x, Value idx, int64_t dim) {
+  check_dim("take", dim, x.rank());
+  if (x.shape()[dim] == 0 && numel(idx.shape()) > 0) throw BuildError("take: indexing an empty dimension");
   int64_t r = idx.rank();
   Shape ishape = idx.shape();
   ishape.push_back(1);
@@ -602,6 +679,9 @@ Value Builder::take(Value x, Value idx, int64_t dim) {
 
 Value Builder::take_along(Value x, Value idx, int64_t dim) {
   int64_t r = x.rank();
+  check_dim("take_along", dim, r);
+  check_arity("take_along", idx.shape().size(), r);
+  if (x.shape()[dim] == 0 && numel(idx.shape()) > 0) throw BuildError("take_along: indexing an empty dimension");
   Shape ishape = idx.shape();
   ishape.push_back(1);
   std::vector<Value> comps;
@@ -619,6 +699,7 @@ Value Builder::take_along(Value x, Value idx, int64_t dim) {
 }
 
 Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>& dims, const std::string& body) {
+  check_dims("scatter", dims, x.rank());
   std::vector<int64_t> window;
   for (int64_t i = 1; i < upd.rank(); ++i) window.push_back(i);
   std::string reg = region(body, x.dtype(), 1);
@@ -630,6 +711,7 @@ Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>
 }
 
 Value Builder::sort_dim(Value x, int64_t dim, bool descending, Value* indices) {
+  check_dim("sort", dim, x.rank());
   Value idx = iota(DType::S64, x.shape(), dim);
   std::string st = Type{x.dtype(), {}}.str(), si = Type{DType::S64, {}}.str();
   int a = next_++, ai = next_++, b = next_++, bi = next_++, c = next_++;

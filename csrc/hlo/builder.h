@@ -133,14 +133,15 @@ class Builder {
   Value sub(Value a, Value b) { return binary("subtract", a, b); }
   Value mul(Value a, Value b) { return binary("multiply", a, b); }
   Value div(Value a, Value b) { return binary("divide", a, b); }
-  Value max(Value a, Value b) { return binary("maximum", a, b); }
-  Value min(Value a, Value b) { return binary("minimum", a, b); }
+  // NaN-propagating for floats (the XLA CPU plugin's maximum/minimum drop a NaN second operand)
+  Value max(Value a, Value b);
+  Value min(Value a, Value b);
   Value neg(Value x) { return unary("negate", x); }
   Value compare(Value a, Value b, Cmp dir);
   Value select(Value pred, Value t, Value f);
   Value convert(Value x, DType t);
   Value bitcast(Value x, DType t);  // same itemsize only
-  Value clamp(Value lo, Value x, Value hi);
+  Value clamp(Value lo, Value x, Value hi);  // NaN-propagating; lo/hi broadcast to x's shape
 
   // ---- shape
   Value reshape(Value x, const Shape& s);

@@ -1,5 +1,6 @@
 // Registry, Ctx accessors and helpers shared by the op families.
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <unordered_map>
 
@@ -90,6 +91,13 @@ const std::string& Ctx::str(size_t i) const {
   if (a.kind != Arg::Str) bad_arg(i, "a string");
   return a.s;
 }
+double Ctx::check_number(size_t i) const {
+  const Arg& a = arg(i);
+  if (a.kind == Arg::Scalar) return a.d_;
+  if (a.kind == Arg::Int) return static_cast<double>(a.i);
+  if (a.kind == Arg::Bool) return a.b;
+  bad_arg(i, "a number");
+}
 double Ctx::num(size_t i) const {
   const Arg& a = arg(i);
   if (a.kind == Arg::Scalar) {
@@ -132,10 +140,16 @@ Value Ctx::in_as(size_t i, DType t, const Shape& s) {
 // ---------------------------------------------------------------- helpers
 int64_t wrap_dim(int64_t d, int64_t rank) {
   int64_t r = std::max<int64_t>(rank, 1);
+  if (d < -r || d >= r)
+    throw IndexError("Dimension out of range (expected to be in range of [" + std::to_string(-r) + ", " +
+                     std::to_string(r - 1) + "], but got " + std::to_string(d) + ")");
   return d < 0 ? d + r : d;
 }
 
 std::vector<int64_t> reduce_dims(const Ctx& c, size_t i, int64_t rank) {
+  // CPU's reductions keep dims in a 64-bit mask and reject more for some ops:
+  // the CPU fallback gives exactly its result or error
+  if (rank > 64) throw Unsupported("reduction over a tensor with more than 64 dims");
   std::vector<int64_t> dims;
   if (c.has(i)) {
     const Arg& a = c.arg(i);
@@ -166,6 +180,13 @@ Value sum(Builder& b, Value x, const std::vector<int64_t>& dims) {
   if (acc == DType::Pred) acc = DType::S64;
   Value xa = b.convert(x, acc);
   return b.reduce(xa, b.constant(0, acc), dims, "add");
+}
+
+Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool is_max) {
+  Value r = b.reduce(x, is_max ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, is_max ? "maximum" : "minimum");
+  if (!hlo::is_float(x.dtype()) || dims.empty()) return r;
+  Value nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), dims, "or");
+  return b.select(nan, b.constant(NAN, x.dtype(), r.shape()), r);
 }
 
 Value keep_dims(Builder& b, Value r, const Shape& full, const std::vector<int64_t>& dims) {

@@ -52,8 +52,21 @@ bool rounds(const std::string& op) { return op == "floor" || op == "ceil" || op 
 Rule unary(const char* op) {
   return [op](Ctx& c) -> V {
     Value x = c.in(0);
+    // bool -> bool: CPU implements only sign and bitwise_not (the Meta kernels accept the rest)
+    if (x.dtype() == DType::Pred && c.odt() == DType::Pred && std::string(op) != "sign" && std::string(op) != "not")
+      throw UserError(std::string(op) + " is not implemented for 'Bool'");
     if (rounds(op) && !hlo::is_float(x.dtype()) && !hlo::is_complex(x.dtype())) return {c.in_out(0, c.odt())};
     if (std::string(op) == "sign" && x.dtype() == DType::Pred) return {c.in_out(0, c.odt())};  // sign(bool) = itself
+    if (std::string(op) == "sign" && hlo::is_float(x.dtype())) {  // sign(x) = (x > 0) - (x < 0): 0 for NaN, as on CPU
+      DType t = c.odt();
+      Value u = c.in_out(0, t), z = c.b.zeros(t, u.shape());
+      return {c.b.sub(c.b.convert(c.b.compare(u, z, hlo::Cmp::GT), t), c.b.convert(c.b.compare(u, z, hlo::Cmp::LT), t))};
+    }
+    if (hlo::is_unsigned(x.dtype())) {  // StableHLO's abs/sign take signed types: |x| = x, sign(x) = x != 0
+      Value u = c.in_out(0, c.odt());
+      if (std::string(op) == "abs") return {u};
+      if (std::string(op) == "sign") return {c.b.convert(c.b.compare(u, c.b.zeros(u.dtype(), u.shape()), hlo::Cmp::NE), c.odt())};
+    }
     if (hlo::is_complex(x.dtype()) && !hlo::is_complex(c.odt()))  // abs of complex: a real result
       return {c.b.emit(op, {c.b.broadcast_to(x, c.oshape())}, Type{c.odt(), c.oshape()})};
     return {c.b.unary(op, c.in_out(0, c.odt()))};
@@ -101,6 +114,9 @@ DType int_like(DType t) {
   int64_t sz = hlo::itemsize(t);
   return sz == 8 ? DType::S64 : sz == 4 ? DType::S32 : DType::S16;
 }
+// Above this magnitude 1 / x^2 is below the type's rounding (asinh, acosh: log(2x))
+double large_arg(DType t) { return t == DType::F64 ? 268435456.0 : 4096.0; }
+
 // v wrapped to the width of signed integer type it (bit masks such as 0x807fffff).
 int64_t wrap_int(int64_t v, DType it) {
   int bits = static_cast<int>(8 * hlo::itemsize(it));
@@ -170,10 +186,39 @@ Value remainder(Builder& b, Value x, Value y) {
   return b.select(fix, b.add(r, y), r);
 }
 
+// floor(a / b) for floats as Python (and CPU) compute it, exact even where a / b
+// rounds up to an integer: m = fmod(a, b), q = (a - m) / b, minus 1 when m and b
+// differ in sign, then rounded to the nearest integer; a / b for b = 0, and a signed
+// zero for a zero quotient.
+Value floor_div(Builder& b, Value x, Value y) {
+  Value zero = k(b, 0, x), m = b.binary("remainder", x, y);
+  Value q = b.div(b.sub(x, m), y);
+  Value fix = b.binary("and", b.compare(m, zero, hlo::Cmp::NE),
+                       b.compare(b.compare(y, zero, hlo::Cmp::LT), b.compare(m, zero, hlo::Cmp::LT), hlo::Cmp::NE));
+  q = b.select(fix, b.sub(q, k(b, 1, q)), q);
+  Value f = b.unary("floor", q);
+  f = b.select(b.compare(b.sub(q, f), k(b, 0.5, q), hlo::Cmp::GT), b.add(f, k(b, 1, f)), f);
+  Value plain = b.div(x, y);
+  Value signed_zero = b.mul(zero, plain);  // +-0 with the sign of a / b
+  f = b.select(b.compare(q, zero, hlo::Cmp::EQ), signed_zero, f);
+  return b.select(b.compare(y, zero, hlo::Cmp::EQ), plain, f);
+}
+
+// Integer division by a Python number 0 raises CPU's "ZeroDivisionError" (zeros
+// inside a divisor tensor are not checked: that would need its data on the host).
+void check_int_divisor(const Ctx& c, size_t i) {
+  if (!hlo::is_int(c.odt()) || !c.has(i)) return;
+  const Arg& a = c.arg(i);
+  if (a.kind == Arg::Scalar && c.num_is(i, 0)) throw UserError("ZeroDivisionError");
+  if (a.kind == Arg::Tensor && c.env.scalar_value(a.tensor) == 0.0)  // a CPU scalar: `x // 0`
+    throw UserError("ZeroDivisionError");
+}
+
 // div with rounding_mode None | "trunc" | "floor"
 V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
   DType t = c.odt();
   std::string mode = forced ? forced : c.has(mode_arg) ? c.str(mode_arg) : "";
+  if (!mode.empty()) check_int_divisor(c, 1);
   if (mode.empty()) {
     DType ct = compute_type(t);
     return {c.b.convert(c.b.div(c.in_out(0, ct), c.in_out(1, ct)), t)};
@@ -189,8 +234,11 @@ V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
                                       b.compare(d, k(b, 0, d), hlo::Cmp::LT), hlo::Cmp::NE));
     return {b.select(adjust, b.sub(q, k(b, 1, q)), q)};
   }
-  Value q = b.div(a, d);
-  return {mode == "trunc" ? trunc(b, q) : b.unary("floor", q)};
+  // floats, as CPU: trunc rounds the quotient to the tensor's type first; floor
+  // computes in the accumulation type (f16/bf16 in f32) and rounds once
+  if (mode == "trunc") return {trunc(b, b.div(a, d))};
+  DType ct = compute_type(t);
+  return {b.convert(floor_div(b, b.convert(a, ct), b.convert(d, ct)), t)};
 }
 
 // pow(x, e) with the common exponents spelled out (structural on the exponent).
@@ -245,10 +293,15 @@ void register_elementwise() {
   for (auto n : {"aten::div.Tensor_mode", "aten::div.Scalar_mode"}) add_rule(n, [](Ctx& c) { return div_mode(c, 2); });
   add_rule("aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
   add_rule("aten::floor_divide.Scalar", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });
-  add_rule("aten::maximum", binary("maximum"));
-  add_rule("aten::minimum", binary("minimum"));
-  for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"}) add_rule(n, binary_fn(remainder));
-  for (auto n : {"aten::fmod.Tensor", "aten::fmod.Scalar"}) add_rule(n, binary("remainder"));
+  // maximum / minimum: NaN if either is NaN (Builder::max / min)
+  for (auto n : {"aten::maximum"})
+    add_rule(n, [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
+  for (auto n : {"aten::minimum"})
+    add_rule(n, [](Ctx& c) -> V { return {c.b.min(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
+  for (auto n : {"aten::remainder.Tensor", "aten::remainder.Scalar"})
+    add_rule(n, [](Ctx& c) -> V { check_int_divisor(c, 1); return binary_fn(remainder)(c); });
+  for (auto n : {"aten::fmod.Tensor", "aten::fmod.Scalar"})
+    add_rule(n, [](Ctx& c) -> V { check_int_divisor(c, 1); return binary("remainder")(c); });
   add_rule("aten::atan2", binary_fn([](Builder& b, Value y, Value x) { return b.binary("atan2", y, x); }));
   add_rule("aten::pow.Tensor_Scalar", pow_scalar);
   add_rule("aten::pow.Tensor_Tensor", binary("power"));
@@ -258,21 +311,22 @@ void register_elementwise() {
     add_rule(n, [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
   for (auto n : {"aten::clamp_max", "aten::clamp_max.Tensor"})
     add_rule(n, [](Ctx& c) -> V { return {c.b.min(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; });
-  // lerp(a, b, w) = a + w * (b - a)
+  // lerp(a, b, w) = a + w * (b - a); these fused formulas compute in the accumulation
+  // type (f16/bf16 in f32) and round once, as CPU does
   for (auto n : {"aten::lerp.Scalar", "aten::lerp.Tensor"})
     add_rule(n, [](Ctx& c) -> V {
-      DType t = c.odt();
+      DType t = compute_type(c.odt());
       Value a = c.in_out(0, t), b = c.in_out(1, t), w = c.in_out(2, t);
-      return {c.b.add(a, c.b.mul(w, c.b.sub(b, a)))};
+      return {c.b.convert(c.b.add(a, c.b.mul(w, c.b.sub(b, a))), c.odt())};
     });
   // addcmul(s, t1, t2, value) = s + value * t1 * t2 ; addcdiv: s + value * t1 / t2
   for (bool is_div : {false, true})
     add_rule(is_div ? "aten::addcdiv" : "aten::addcmul", [is_div](Ctx& c) -> V {
-      DType t = c.odt();
+      DType t = compute_type(c.odt());
       Value s = c.in_out(0, t), a = c.in_out(1, t), b = c.in_out(2, t);
       Value p = is_div ? c.b.div(a, b) : c.b.mul(a, b);
       if (!c.has(3) || !c.num_is(3, 1.0)) p = c.b.mul(c.in_out(3, t), p);
-      return {c.b.add(s, p)};
+      return {c.b.convert(c.b.add(s, p), c.odt())};
     });
 
   // ---- unary math (table rows over the generic unary rules)
@@ -286,6 +340,7 @@ void register_elementwise() {
   };
   for (auto& [n, op] : simple) add_rule(n, unary(op));
   add_rule("aten::trunc", [](Ctx& c) -> V {
+    if (c.in(0).dtype() == DType::Pred) throw UserError("trunc is not implemented for 'Bool'");  // as on CPU
     if (!hlo::is_float(c.in(0).dtype())) return {c.in_out(0, c.odt())};  // integers: unchanged
     return unary_fn(trunc)(c);
   });
@@ -296,11 +351,20 @@ void register_elementwise() {
   add_rule("aten::exp2", unary_fn([](Builder& b, Value x) { return b.unary("exponential", b.mul(x, k(b, M_LN2, x))); }));
   add_rule("aten::erf", unary_fn(erf));
   add_rule("aten::erfc", unary_fn([](Builder& b, Value x) { return b.emit("chlo.erfc", {x}, x.type); }));
+  // sinh(x) = sign(x) (e^a - e^-a) / 2, a = |x|: by expm1 below 1 (no cancellation);
+  // cosh(x) = (e^a + e^-a) / 2; above a = 20 both (e^(a/2) / 2) e^(a/2), finite as long as the result is
   add_rule("aten::sinh", unary_fn([](Builder& b, Value x) {
-    return b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
+    Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
+    Value tiny = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential_minus_one", a), b.unary("exponential_minus_one", b.neg(a))));
+    Value mid = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
+    Value r = b.select(b.compare(a, k(b, 1, x), Cmp::LT), tiny,
+                       b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid));
+    return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
   }));
   add_rule("aten::cosh", unary_fn([](Builder& b, Value x) {
-    return b.mul(k(b, 0.5, x), b.add(b.unary("exponential", x), b.unary("exponential", b.neg(x))));
+    Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
+    Value mid = b.mul(k(b, 0.5, x), b.add(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
+    return b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid);
   }));
   // atan(x) = atan2(x, 1), with the 1 as a runtime parameter: the XLA CPU
   // compiler returns wrong values for atan2(x, constant 1) (and chlo.atan) on
@@ -318,13 +382,22 @@ void register_elementwise() {
   add_rule("aten::acos", unary_fn([](Builder& b, Value x) {
     return b.binary("atan2", b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))), x);
   }));
-  // inverse hyperbolics: asinh = log(x + sqrt(x^2 + 1)), acosh = log(x + sqrt(x^2 - 1)),
-  // atanh = 0.5 * log1p(2x / (1 - x))
+  // inverse hyperbolics, a = |x|: asinh = sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))),
+  // acosh = log1p((x - 1) + sqrt((x - 1)(x + 1))), both log(a) + log 2 for large a
+  // (where a^2 would overflow); atanh = 0.5 * log1p(2x / (1 - x))
   add_rule("aten::asinh", unary_fn([](Builder& b, Value x) {
-    return b.unary("log", b.add(x, b.unary("sqrt", b.add(b.mul(x, x), k(b, 1, x)))));
+    Value a = b.unary("abs", x);
+    Value big = b.compare(a, k(b, large_arg(x.dtype()), x), Cmp::GT);
+    Value as = b.select(big, k(b, 1, x), a);
+    Value small = b.unary("log_plus_one", b.add(as, b.div(b.mul(as, as), b.add(k(b, 1, x), b.unary("sqrt", b.add(k(b, 1, x), b.mul(as, as)))))));
+    Value r = b.select(big, b.add(b.unary("log", a), k(b, M_LN2, x)), small);
+    return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
   }));
   add_rule("aten::acosh", unary_fn([](Builder& b, Value x) {
-    return b.unary("log", b.add(x, b.unary("sqrt", b.sub(b.mul(x, x), k(b, 1, x)))));
+    Value big = b.compare(x, k(b, large_arg(x.dtype()), x), Cmp::GT);
+    Value xs = b.select(big, k(b, 1, x), x), d = b.sub(xs, k(b, 1, x));
+    Value small = b.unary("log_plus_one", b.add(d, b.unary("sqrt", b.mul(d, b.add(xs, k(b, 1, x))))));
+    return b.select(big, b.add(b.unary("log", x), k(b, M_LN2, x)), small);
   }));
   add_rule("aten::atanh", unary_fn([](Builder& b, Value x) {
     return b.mul(k(b, 0.5, x), b.unary("log_plus_one", b.div(b.mul(k(b, 2, x), x), b.sub(k(b, 1, x), x))));
@@ -356,9 +429,15 @@ void register_elementwise() {
       Value xn = b.compare(x, x, Cmp::NE), yn = b.compare(y, y, Cmp::NE);
       return b.select(xn, y, b.select(yn, x, m));
     }));
-  // hypot(a, b) = sqrt(a^2 + b^2)
+  // hypot(a, b) = m sqrt(1 + (s / m)^2), m = max(|a|, |b|), s = min: no overflow of a^2;
+  // inf if either is inf (even with a NaN), as IEEE's hypot
   add_rule("aten::hypot", binary_fn([](Builder& b, Value x, Value y) {
-    return b.unary("sqrt", b.add(b.mul(x, x), b.mul(y, y)));
+    Value ax = b.unary("abs", x), ay = b.unary("abs", y);
+    Value m = b.max(ax, ay), s = b.min(ax, ay);
+    Value q = b.div(s, b.select(b.compare(m, k(b, 0, m), Cmp::EQ), k(b, 1, m), m));
+    Value r = b.mul(m, b.unary("sqrt", b.add(k(b, 1, q), b.mul(q, q))));
+    Value inf = k(b, INFINITY, x);
+    return b.select(b.binary("or", b.compare(ax, inf, Cmp::EQ), b.compare(ay, inf, Cmp::EQ)), inf, r);
   }));
   // xlogy(x, y) = x == 0 ? 0 : x * log(y) (NaN y propagates)
   add_rule("aten::xlogy.Tensor", binary_fn([](Builder& b, Value x, Value y) {
@@ -368,6 +447,8 @@ void register_elementwise() {
   }));
   // heaviside(x, v) = x == 0 ? v : x > 0
   add_rule("aten::heaviside", [](Ctx& c) -> V {
+    if (c.in(0).dtype() != c.in(1).dtype())
+      throw UserError("heaviside is not yet implemented for tensors with different dtypes.");
     DType t = c.odt();
     Builder& b = c.b;
     Value x = c.in_out(0, t), v = c.in_out(1, t);

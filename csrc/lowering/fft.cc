@@ -57,6 +57,9 @@ Value c2c(Builder& b, Value x, const std::vector<int64_t>& dims, bool forward) {
 void register_fft() {
   // complex(re, im) = re + i im ; polar(r, t) = r cos t + i r sin t
   add_rule("aten::complex", [](Ctx& c) -> V {
+    // CPU's checks: equal part dtypes, and (out=) the complex type of theirs
+    if (c.in(0).dtype() != c.in(1).dtype() || c.in(0).dtype() != DType::F32)
+      throw UserError("complex: real and imag parts must both be float32 for a complex64 result");
     Value re = c.in_out(0, DType::F32), im = c.in_out(1, DType::F32);
     return {c.b.emit("complex", {re, im}, Type{DType::C64, c.oshape()})};
   });

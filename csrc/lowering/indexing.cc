@@ -3,6 +3,7 @@
 // Negative indices wrap as in PyTorch where it allows them. Out-of-range
 // indices are checked on the device (Env::check: the next host sync raises
 // CPU's error); the program itself clamps them (StableHLO gather semantics).
+#include <cmath>
 #include <functional>
 #include <tuple>
 
@@ -321,6 +322,7 @@ void register_indexing() {
   // masked_scatter(x, m, src) = where(m, src.flat[rank of the element among m's true ones], x)
   // (a source with fewer elements than m has true ones fails the device check, as CPU raises)
   add_rule("aten::masked_scatter", [](Ctx& c) -> V {
+    if (c.in(1).dtype() != DType::Pred) throw UserError("masked_scatter_ only supports boolean masks");
     Builder& b = c.b;
     const Shape& s = c.oshape();
     int64_t n = hlo::numel(s);
@@ -379,7 +381,11 @@ void register_indexing() {
     Value x = c.in(0);
     auto [a, out, rest, offset_dims] = indexed(c, x);
     Shape sizes = x.shape();
-    for (int64_t d : a.dims) sizes[d] = 1;
+    for (int64_t d : a.dims) {
+      // any index into an empty dim is out of range (CPU: IndexError); an empty result never gets here
+      if (sizes[d] == 0) throw UserError("index is out of bounds for dimension with size 0");
+      sizes[d] = 1;
+    }
     Shape ishape = a.bshape;
     ishape.push_back(static_cast<int64_t>(a.dims.size()));
     Value coords = b.reshape(a.coords, ishape);
@@ -506,6 +512,7 @@ void register_indexing() {
     return {search(c, seq, c.in(1), right)};
   });
   add_rule("aten::bucketize.Tensor", [search](Ctx& c) -> V {
+    if (c.in(1).rank() != 1) throw UserError("boundaries tensor must be 1 dimension");
     return {search(c, c.in(1), c.in(0), c.flag_or(3, false))};
   });
   // histc(x, bins, min, max): counts over equal-width bins of [min, max] (the data's range when min == max)
@@ -545,7 +552,8 @@ void register_indexing() {
       std::tie(lo, hi) = data_range(b, x, t);
     }
     Value edges = linear_edges(b, lo, hi, bins, t);
-    if (hlo::numel(x.shape()) == 0) return {b.zeros(t, {bins}), edges};
+    // no data: zero counts, and a density of 0 / 0 = NaN, as on CPU
+    if (hlo::numel(x.shape()) == 0) return {b.constant(c.flag_or(4, false) ? NAN : 0.0, t, {bins}), edges};
     Value h = bin_counts(b, x, c.has(3) ? c.in(3) : Value{}, edges, bins, true);
     return {c.flag_or(4, false) ? density(b, h, edges, bins) : h, edges};
   });
@@ -555,7 +563,8 @@ void register_indexing() {
     DType t = c.odt(0);
     Value edges = b.convert(c.in(1), t);
     int64_t bins = edges.shape()[0] - 1;
-    if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0) return {b.zeros(t, c.oshape(0)), edges};
+    if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0)  // no data: a density of 0 / 0 = NaN, as on CPU
+      return {b.constant(c.flag_or(3, false) && bins > 0 ? NAN : 0.0, t, c.oshape(0)), edges};
     Value h = bin_counts(b, c.in(0), c.has(2) ? c.in(2) : Value{}, edges, bins, false);
     return {c.flag_or(3, false) ? density(b, h, edges, bins) : h, edges};
   });

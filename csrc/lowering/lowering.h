@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -90,6 +91,10 @@ class Env {
   // `message` ("{}" replaced by `value`, an s64 scalar) as an IndexError
   // (index_error) or a RuntimeError. Engines without checks ignore it.
   virtual void check(Value bad, Value value, bool index_error, const std::string& message) {}
+  // The value behind a scalar parameter this Env made (a Python number that came
+  // as a 0-dim CPU tensor, e.g. `x // 0`), for checks that do not shape the
+  // program; nullopt where unknown.
+  virtual std::optional<double> scalar_value(const Value&) const { return std::nullopt; }
 };
 
 // Thrown by a rule for an argument combination it does not lower; the op then
@@ -101,9 +106,16 @@ class Unsupported : public std::runtime_error {
 
 // Thrown by a rule for input that PyTorch's CPU kernel rejects but the Meta
 // kernel let through; becomes a RuntimeError with this message.
+// The kernel first replays the call on CPU, so the user sees CPU's own error
+// whenever CPU rejects the input too.
 class UserError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+// A UserError that PyTorch raises as IndexError (e.g. a dim out of range).
+class IndexError : public UserError {
+ public:
+  using UserError::UserError;
 };
 
 class Ctx {
@@ -125,6 +137,9 @@ class Ctx {
   const std::vector<int64_t>& ints(size_t i) const;
   const std::string& str(size_t i) const;
   double num(size_t i) const;                          // structural read of a scalar
+  // A scalar's value for an input check that raises (UserError) and never shapes
+  // the text: not recorded for the trace key (rules run even when built dry).
+  double check_number(size_t i) const;
   double num_or(size_t i, double dflt) const { return has(i) ? num(i) : dflt; }
   // num(i) == v, where only the outcome shapes the text (e.g. skipping `* alpha` for 1).
   bool num_is(size_t i, double v) const;
@@ -165,6 +180,8 @@ const Rule* find_rule(const std::string& schema_name);
 std::vector<std::string> rule_names();
 
 // ---- shared helpers (defined in common.cc)
+// d wrapped into [0, rank) (a 0-dim tensor takes -1 and 0); IndexError with
+// PyTorch's message when out of range.
 int64_t wrap_dim(int64_t d, int64_t rank);
 std::vector<int64_t> reduce_dims(const Ctx& c, size_t dim_arg, int64_t rank);  // None / [] -> all
 DType promote(DType a, DType b);
@@ -183,6 +200,9 @@ Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<
 // Device-side bounds check: every element of idx lies in [lo, hi); otherwise the
 // next host synchronisation raises `message` ("{}": an offending value).
 void check_range(Ctx& c, Value idx, int64_t lo, int64_t hi, bool index_error, const std::string& message);
+// max (is_max) or min of x over dims, NaN where the reduced slice holds a NaN (the
+// XLA CPU plugin's max/min reductions skip NaNs; PyTorch's propagate them)
+Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool is_max);
 // Counter-based uniform [0,1) floats of shape s (f32).
 Value uniform01(Ctx& c, const Shape& s);
 Value normal01(Ctx& c, const Shape& s);

@@ -708,6 +708,8 @@ void register_nn() {
     Value x = c.in(0), w = c.in(1);
     int64_t ns = x.rank() - 2;
     Shape stride = ints_n(c.ints(3), ns, 1), pad = ints_n(c.ints(4), ns, 0), dil = ints_n(c.ints(5), ns, 1);
+    for (int64_t i = 0; i < ns; ++i)  // CPU's checks (the Meta kernel lets these through)
+      if (stride[i] <= 0 || pad[i] < 0 || dil[i] <= 0) throw UserError("convolution: invalid stride, padding or dilation");
     bool transposed = c.flag(6);
     int64_t groups = c.int_(8);
     Value y;

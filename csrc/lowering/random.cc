@@ -12,6 +12,9 @@ using V = std::vector<Value>;
 
 // from + (to - from) * u
 V uniform(Ctx& c) {
+  if (c.has(1) && c.has(2) && c.arg(1).kind == Arg::Scalar && c.arg(2).kind == Arg::Scalar &&
+      c.check_number(1) > c.check_number(2))  // a check only: the values stay runtime parameters
+    throw UserError("uniform_ expects to return a [from, to) range, but found from > to");
   Builder& b = c.b;
   DType t = compute_type(c.odt());
   Value u = b.convert(uniform01(c, c.oshape()), t);

@@ -38,13 +38,7 @@ Rule sum_like(size_t dim_arg, bool mean) {
 Rule extreme(size_t dim_arg, bool is_max) {
   return [dim_arg, is_max](Ctx& c) -> V {
     Value x = c.in(0);
-    auto dims = reduce_dims(c, dim_arg, x.rank());
-    Value init = is_max ? c.b.lowest(x.dtype()) : c.b.highest(x.dtype());
-    Value r = c.b.reduce(x, init, dims, is_max ? "maximum" : "minimum");
-    if (!hlo::is_float(x.dtype())) return {r};
-    // the XLA CPU plugin's max/min reductions skip NaNs: put them back
-    Value nan = c.b.reduce(c.b.compare(x, x, hlo::Cmp::NE), c.b.constant_int(0, DType::Pred), dims, "or");
-    return {c.b.select(nan, c.b.constant(NAN, x.dtype(), r.shape()), r)};
+    return {reduce_extreme(c.b, x, reduce_dims(c, dim_arg, x.rank()), is_max)};
   };
 }
 
@@ -52,6 +46,7 @@ Rule extreme(size_t dim_arg, bool is_max) {
 Rule arg_extreme(bool is_max, bool with_values) {
   return [is_max, with_values](Ctx& c) -> V {
     Value x = c.in(0);
+    if (x.rank() > 64) throw Unsupported("reduction over a tensor with more than 64 dims");  // as reduce_dims
     if (!c.has(1)) {  // argmax without dim: over the flattened tensor
       Value flat = c.b.reshape(x, {hlo::numel(x.shape())});
       return {c.b.reduce_arg(flat, 0, is_max).second};
@@ -75,8 +70,7 @@ Value vector_norm(Ctx& c, size_t p_arg, size_t dim_arg) {
   Value x = b.unary("abs", b.convert(c.in(0), compute_type(c.odt())));
   double p = c.num_or(p_arg, 2.0);
   auto dims = reduce_dims(c, dim_arg, x.rank());
-  if (std::isinf(p))
-    return b.reduce(x, p > 0 ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, p > 0 ? "maximum" : "minimum");
+  if (std::isinf(p)) return reduce_extreme(b, x, dims, p > 0);
   if (p == 0) {
     Value nz = b.convert(b.compare(x, b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), x.dtype());
     return b.reduce(nz, b.zeros(x.dtype(), {}), dims, "add");
@@ -193,12 +187,10 @@ void register_reduction() {
   add_rule("aten::aminmax", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
+    if (c.odt(0) != x.dtype() || c.odt(1) != x.dtype())  // out= tensors of another dtype: CPU rejects them
+      throw UserError("aminmax: expected out tensors of the input's dtype");
     auto dims = reduce_dims(c, 1, x.rank());
-    Value lo = b.reduce(x, b.highest(x.dtype()), dims, "minimum"), hi = b.reduce(x, b.lowest(x.dtype()), dims, "maximum");
-    if (!hlo::is_float(x.dtype())) return {lo, hi};
-    Value nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), dims, "or");
-    Value q = b.constant(NAN, x.dtype(), lo.shape());
-    return {b.select(nan, q, lo), b.select(nan, q, hi)};
+    return {reduce_extreme(b, x, dims, false), reduce_extreme(b, x, dims, true)};
   });
   // trace(x) = sum of x[i, i]
   add_rule("aten::trace", [](Ctx& c) -> V {
@@ -223,7 +215,7 @@ void register_reduction() {
     Value a = b.unary("abs", x);
     Value norm;
     if (std::isinf(p)) {
-      norm = b.reduce(a, p > 0 ? b.lowest(t) : b.highest(t), others, p > 0 ? "maximum" : "minimum");
+      norm = reduce_extreme(b, a, others, p > 0);
     } else if (p == 0) {
       norm = b.reduce(b.convert(b.compare(a, b.zeros(t, a.shape()), hlo::Cmp::NE), t), b.zeros(t, {}), others, "add");
     } else {
@@ -241,8 +233,11 @@ void register_reduction() {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value x = b.convert(c.in(0), t);
-    if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    // complex: CPU scans log(e^a + e^b) pairwise, whose imaginary part is not
+    // reduced to (-pi, pi]; not lowered
+    if (hlo::is_complex(t)) throw Unsupported("logcumsumexp of a complex tensor");
+    if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
     Value m = b.reduce(x, b.lowest(t), {dim}, "maximum");
     m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(t, m.shape()));
     Value mb = b.broadcast_in_dim(m, x.shape(), [&] {

@@ -65,10 +65,24 @@ void register_shape() {
     if (crop) x = b.slice(x, start, limit, step);
     return {b.pad(x, c.scalar_or(2, 0.0, x.dtype()), lo, hi, interior)};
   });
+  // narrow_copy(x, dim, start, length) = x[..., start:start + length, ...] (start < 0 counts from the end)
+  add_rule("aten::narrow_copy", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    int64_t dim = wrap_dim(c.int_(1), x.rank()), start = c.int_(2), len = c.int_(3);
+    if (x.rank() == 0) throw UserError("narrow() cannot be applied to a 0-dim tensor.");
+    int64_t n = x.shape()[dim];
+    if (start < 0) start += n;
+    if (start < 0 || len < 0 || start + len > n) throw UserError("narrow_copy: start or length out of range");
+    Shape st(x.rank(), 0), lim = x.shape(), step(x.rank(), 1);
+    st[dim] = start;
+    lim[dim] = start + len;
+    return {c.b.slice(x, st, lim, step)};
+  });
   add_rule("aten::flip", [](Ctx& c) -> V {
     Value x = c.in(0);
     std::vector<int64_t> dims;
     for (int64_t d : c.ints(1)) dims.push_back(wrap_dim(d, x.rank()));
+    if (x.rank() == 0) return {x};  // a 0-dim tensor flips to itself (dims 0 / -1)
     return {c.b.reverse(x, dims)};
   });
   // channel_shuffle(x, g): [N, C, *] -> [N, g, C/g, *] -> swap dims 1, 2 -> [N, C, *]

@@ -5,7 +5,7 @@ Used by tests/ops/test_opinfo.py (CI) and by
 which writes the per-entry table in docs/OP_COVERAGE.md.
 
 For every op_db entry that supports the dtype (float32 by default; --dtype
-bfloat16 / int64 / bool for the other sweeps), up to K sample inputs run on CPU
+bfloat16 / int64 / bool / uint8 / int8 / int16 for the other sweeps), up to K sample inputs run on CPU
 and on tpu (matmul-like ops at HIGHEST precision) and are compared in value,
 dtype and shape. For float32 entries that support autograd, the gradients of
 the sample's inputs (for random output weights) are compared too (--grad). An
@@ -14,12 +14,21 @@ entry is
   fallback  every sample matched, some ATen op ran on the CPU fallback,
   fail      a sample differed or raised on tpu but not on CPU (reason recorded),
   skip      no float32 support or no sample ran on CPU (reason recorded).
+
+Two more sweeps go beyond the happy path:
+  --reference  the entry's reference inputs (extremal values: nan, inf, large,
+               empty, 0-d) instead of its sample inputs: per entry the first
+               sample with a nan/inf, the first with large values and the first
+               empty or 0-d one (--samples 0: every reference input);
+  --errors     the entry's error inputs: tpu must raise the exception type CPU
+               raises, with a message matching the entry's regex.
 """
 import argparse
 import contextlib
 import io
 import json
 import os
+import re
 import sys
 import time
 import warnings
@@ -71,6 +80,30 @@ EXPECTED_FAIL = {
     "_native_batch_norm_legit": "eval samples: PyTorch's Meta kernel sizes save_mean/save_invstd [C], its CPU kernel [0]",
 }
 
+# error inputs (entry, error regex; "*": all of the entry's) whose error differs on tpu, with the reason
+_OVERLAP = ("memory-overlap checks between an out= tensor and the inputs are not made (tpu computes the result "
+            "as if the inputs were copied first)")
+_DATA_CHECK = "index values are data on the device; out-of-range indices are not checked (docs/STATUS.md)"
+_C128 = "complex128 is not supported on tpu: the sample's complex128 tensor cannot be moved there"
+EXPECTED_ERROR_FAIL = {
+    ("kthvalue", "unsupported operation"): _OVERLAP,
+    ("masked_select", "unsupported operation"): _OVERLAP,
+    ("gather", "unsupported operation"): _OVERLAP,
+    ("index_select", "unsupported operation"): _OVERLAP,
+    ("take", "unsupported operation"): _OVERLAP,
+    ("bernoulli", "unsupported operation"): _OVERLAP,
+    ("cat", "unsupported operation"): _OVERLAP,
+    ("cat", "the written-to tensor refer to a single memory location"): _OVERLAP,
+    ("gather", "index 23 is out of bounds for dimension"): _DATA_CHECK,
+    ("scatter", "index 34 is out of bounds for dimension 0 with size 3"): _DATA_CHECK,
+    ("scatter_add", "index 34 is out of bounds for dimension 0 with size 3"): _DATA_CHECK,
+    ("nn.functional.conv1d", "should be the same"): _C128,
+    ("nn.functional.conv2d", "should be the same"): _C128,
+    ("nn.functional.conv3d", "should be the same"): _C128,
+    ("logcumsumexp", "Dimension out of range"): "an op whose outputs are all empty skips its rule, and with it the "
+                                                "dim check the Meta kernel leaves out",
+}
+
 # entries whose input gradients differ from CPU's, each with the reason
 EXPECTED_GRAD_FAIL = {
 }
@@ -87,13 +120,50 @@ EXPECTED_FAIL_BY_DTYPE = {
         "addbmm": _BF16_SUMS, "nn.functional.conv_transpose2d": _BF16_SUMS, "nn.functional.conv_transpose3d": _BF16_SUMS,
     },
     torch.int64: {"topk": _TIES, "kthvalue": _TIES},
+    torch.uint8: {"topk": _TIES, "kthvalue": _TIES, "sort": _TIES, "argsort": _TIES},
+    torch.int8: {"topk": _TIES, "kthvalue": _TIES, "sort": _TIES, "argsort": _TIES},
+    torch.int16: {"topk": _TIES, "kthvalue": _TIES, "sort": _TIES, "argsort": _TIES},
     torch.bool: {"sort": _TIES, "argsort": _TIES,
                  "special.zeta": "zeta(x, q) at the poles x = 1 / q = 0 of bool inputs: inf vs nan"},
 }
 
 
-def expected_fail(name, dtype=torch.float32):
-    return EXPECTED_FAIL.get(name) or EXPECTED_FAIL_BY_DTYPE.get(dtype, {}).get(name)
+# reference inputs (extremal values) per dtype: entries that fail for a documented reason
+_FLOAT_TO_INT = ("float -> integer conversion of NaN, inf and out-of-range values is undefined in C++: CPU returns "
+                 "x86's INT_MIN pattern (wrapped to 8/16 bits), tpu saturates as XLA and CUDA do")
+_CASTS = {n: _FLOAT_TO_INT for n in ("byte", "char", "short", "int", "long")}
+# beyond CI's 3 extremal inputs per entry: failures of the full reference sweep (TORCH_TPU_OPINFO_FULL=1)
+_FULL_ONLY = {
+    "addcmul": "some reference inputs are complex128, which tpu does not support",
+    "addcdiv": "some reference inputs are complex128, which tpu does not support",
+    "nn.functional.scaled_dot_product_attention": "random: samples with dropout_p > 0 (CPU and tpu generators differ)",
+    "svd_lowrank": "random: the projection is drawn by the device's generator (CPU and tpu generators differ)",
+    "nn.functional.interpolate.bilinear": "source coordinates rounded in float32 as on CPU, but not bit-identically: "
+                                          "at 345 -> 270 rows the blend weights differ by ~1e-5 (both results are "
+                                          "~9e-5 from float64), beyond the 1e-4 tolerance",
+}
+_BF16_COMPOSITE = "composite of bfloat16 ops (each rounded) where CPU's kernel rounds once: one element in cancellation"
+_FULL_ONLY_BF16 = {
+    **_FULL_ONLY, "topk": _TIES, "sort": _TIES, "argsort": _TIES, "mode": _TIES,
+    "addr": _BF16_COMPOSITE, "nn.functional.instance_norm": _BF16_COMPOSITE,
+    "nn.functional.upsample_bilinear": _FULL_ONLY["nn.functional.interpolate.bilinear"],
+    "histc": "bfloat16 values on bin edges land in the neighbouring bin (edges rounded differently than CPU's)",
+    "nn.functional.grid_sample": "runs on the CPU fallback; CPU's bfloat16 grid_sampler_2d returns garbage (~1e22) "
+                                 "for grid points far outside [-1, 1], different on each call",
+}
+EXPECTED_REFERENCE_FAIL = {
+    torch.float32: {**_CASTS, **_FULL_ONLY,
+                    "special.zeta": "CPU sums zeta(x, q) in float64 for float32 input: at x = 501, q < 0 "
+                                    "its terms overflow float32 (inf - inf) where CPU's do not"},
+    torch.bfloat16: {**_CASTS, **_FULL_ONLY_BF16},
+}
+
+
+def expected_fail(name, dtype=torch.float32, inputs="sample"):
+    why = EXPECTED_FAIL.get(name) or EXPECTED_FAIL_BY_DTYPE.get(dtype, {}).get(name)
+    if inputs == "reference":
+        why = why or EXPECTED_REFERENCE_FAIL.get(dtype, {}).get(name)
+    return why
 
 
 def _to(x, device):
@@ -217,9 +287,70 @@ def run_grads(op, samples):
     return ("fallback" if fell_back else "pass"), ", ".join(sorted(FALLBACK_OPS))
 
 
-def run_entry(op, samples, dtype=torch.float32):
+def entry_name(op):
+    return op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+
+
+_OP_DB = None
+
+
+def op_entries():
+    """[(entry name, OpInfo)] over PyTorch's op_db."""
+    global _OP_DB
+    if _OP_DB is None:
+        from torch.testing._internal.common_methods_invocations import op_db
+
+        _OP_DB = [(entry_name(op), op) for op in op_db]
+    return _OP_DB
+
+
+def _tensors(s):
+    return [t for t in _flat([s.input, list(s.args), list(s.kwargs.values())]) if isinstance(t, torch.Tensor)]
+
+
+def _is_nonfinite(t):
+    return (t.is_floating_point() or t.is_complex()) and t.numel() > 0 and not bool(torch.isfinite(t).all())
+
+
+def _is_large(t):
+    if not (t.is_floating_point() or t.is_complex()) or t.numel() == 0 or not bool(torch.isfinite(t).all()):
+        return False
+    return float(t.abs().max()) > 1e4
+
+
+# the extremal kinds of reference inputs, in the order they are picked
+EXTREMAL_KINDS = (
+    ("nan/inf", lambda ts: any(_is_nonfinite(t) for t in ts)),
+    ("large", lambda ts: any(_is_large(t) for t in ts)),
+    ("empty/0-d", lambda ts: any(t.numel() == 0 or t.dim() == 0 for t in ts)),
+)
+
+
+def reference_samples(op, dtype, samples):
+    """The entry's reference inputs with extremal values: the first sample of each
+    kind in EXTREMAL_KINDS (a sample counts once), at most `samples` of them;
+    samples=0: every reference input."""
+    it = op.reference_inputs("cpu", dtype, requires_grad=False)
+    if samples == 0:
+        return list(it)
+    kinds = EXTREMAL_KINDS[:samples]
+    found = {}
+    for s in it:
+        ts = _tensors(s)
+        for kind, has in kinds:
+            if kind not in found and has(ts):
+                found[kind] = s
+                break
+        if len(found) == len(kinds):
+            break
+    return [found[k] for k, _ in kinds if k in found]
+
+
+def run_entry(op, samples, dtype=torch.float32, inputs="sample"):
+    """(entry, 'pass' | 'fallback' | 'fail' | 'skip', reason) for up to `samples`
+    sample inputs (inputs="sample") or extremal reference inputs (inputs="reference")."""
     FALLBACK_OPS.clear()
-    name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+    name = entry_name(op)
     if os.environ.get("TT_OPINFO_TRACE"):
         print("running", name, file=sys.stderr, flush=True)
     if op.name in REASONS:
@@ -228,13 +359,17 @@ def run_entry(op, samples, dtype=torch.float32):
         return name, "skip", f"no {dtype} support"
     ran, fell_back = 0, False
     try:
-        sample_list = list(op.sample_inputs("cpu", dtype, requires_grad=False))[:samples]
+        if inputs == "reference":
+            sample_list = reference_samples(op, dtype, samples)
+        else:
+            sample_list = list(op.sample_inputs("cpu", dtype, requires_grad=False))[:samples]
     except Exception as e:  # noqa: BLE001
         return name, "skip", f"sample generation failed: {type(e).__name__}"
     for s in sample_list:
         args = (s.input,) + tuple(s.args)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 expected = op(*args, **s.kwargs)
         except Exception:  # noqa: BLE001  CPU rejects the sample too: nothing to compare
             continue
@@ -245,7 +380,7 @@ def run_entry(op, samples, dtype=torch.float32):
                 actual = op(*_to(args, "tpu"), **_to(s.kwargs, "tpu"))
                 actual = _to(actual, "cpu")
         except Exception as e:  # noqa: BLE001
-            return name, "fail", f"raised {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+            return name, "fail", f"raised {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         ran += 1
         fb = torch_tpu.metrics.cpu_fallbacks()
         fell_back |= bool(fb)
@@ -254,25 +389,105 @@ def run_entry(op, samples, dtype=torch.float32):
         if err:
             return name, "fail", err
     if ran == 0:
+        if inputs == "reference" and not sample_list:
+            return name, "skip", "no extremal reference input (nan/inf, large, empty or 0-d)"
         return name, "skip", "no sample ran on CPU"
     return name, ("fallback" if fell_back else "pass"), ", ".join(sorted(FALLBACK_OPS))
 
 
-def run_all(samples=2, only=None, dtype=torch.float32, grads=False):
-    """[(entry, result, reason)], or with grads [(entry, result, reason, grad result, grad reason)]."""
-    from torch.testing._internal.common_methods_invocations import op_db
+def _to_keep_grad(x, device):
+    """_to for CPU tensors, keeping requires_grad of floating leaves (some error inputs
+    are about autograd); tensors on other devices (meta) stay where they are."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            return x
+        y = x.detach().to(device)
+        return y.requires_grad_() if x.requires_grad and (y.is_floating_point() or y.is_complex()) else y
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_keep_grad(v, device) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_keep_grad(v, device) for k, v in x.items()}
+    return x
 
+
+def _raises(fn):
+    """The exception fn() raises (results are read back, so deferred errors count), or None."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _to(fn(), "cpu")
+    except Exception as e:  # noqa: BLE001
+        return e
+    return None
+
+
+def _one_line(e):
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+
+
+def run_errors(op):
+    """[(entry, error regex, 'pass' | 'fail' | 'skip', detail)] for each of the
+    entry's error inputs: pass when tpu raises the type CPU raises with a message
+    matching the regex; skip when CPU itself does not raise as the entry describes."""
+    name = entry_name(op)
+    if op.error_inputs_func is None:
+        return []
+    try:
+        eis = list(op.error_inputs("cpu"))
+    except Exception as e:  # noqa: BLE001
+        return [(name, "", "skip", f"error input generation failed: {type(e).__name__}")]
+    out = []
+    for ei in eis:
+        si, rx = ei.sample_input, str(ei.error_regex)
+        if os.environ.get("TT_OPINFO_TRACE"):
+            print("error input", name, rx, file=sys.stderr, flush=True)
+        ce = _raises(lambda: op(si.input, *si.args, **si.kwargs))
+        if ce is None or not isinstance(ce, ei.error_type) or not re.search(rx, str(ce)):
+            out.append((name, rx, "skip", "CPU does not raise as described: " + (_one_line(ce) if ce else "no error")))
+            continue
+        te = _raises(lambda: op(*_to_keep_grad((si.input,) + tuple(si.args), "tpu"), **_to_keep_grad(si.kwargs, "tpu")))
+        if te is None:
+            out.append((name, rx, "fail", "no error on tpu"))
+        elif type(te) is not type(ce) or not re.search(rx, str(te)):
+            out.append((name, rx, "fail", f"raised {_one_line(te)}; CPU {_one_line(ce)}"))
+        else:
+            out.append((name, rx, "pass", ""))
+    return out
+
+
+def expected_error_fail(name, regex):
+    return EXPECTED_ERROR_FAIL.get((name, regex)) or EXPECTED_ERROR_FAIL.get((name, "*"))
+
+
+def run_all(samples=2, only=None, dtype=torch.float32, grads=False, inputs="sample", on_result=None):
+    """[(entry, result, reason)], or with grads [(entry, result, reason, grad result, grad reason)];
+    on_result(r) is called as each entry finishes."""
     results = []
     with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
-        for op in op_db:
-            if only and op.name not in only:
+        for name, op in op_entries():
+            if only and op.name not in only and name not in only:
                 continue
-            r = run_entry(op, samples, dtype)
+            r = run_entry(op, samples, dtype, inputs)
             if grads:
                 g = ("skip", r[2]) if r[1] in ("skip", "fail") or op.name in REASONS else run_grads(op, samples)
                 r = r + g
             results.append(r)
+            if on_result:
+                on_result(r)
     return results
+
+
+def run_all_errors(only=None):
+    results = []
+    for name, op in op_entries():
+        if only and op.name not in only and name not in only:
+            continue
+        results += run_errors(op)
+    return results
+
+
+def error_summary(results):
+    return {k: sum(1 for r in results if r[2] == k) for k in ("pass", "fail", "skip")}
 
 
 def summary(results):
@@ -285,7 +500,8 @@ def grad_summary(results):
     return {k: sum(1 for r in results if len(r) > 3 and r[3] == k) for k in ("pass", "fallback", "fail", "skip")}
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool,
+          "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16}
 
 
 def main():
@@ -294,18 +510,30 @@ def main():
     ap.add_argument("--ops", default=None)
     ap.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     ap.add_argument("--grad", action="store_true", help="also compare input gradients (float32)")
+    ap.add_argument("--reference", action="store_true", help="extremal reference inputs instead of sample inputs")
+    ap.add_argument("--errors", action="store_true", help="the entries' error inputs (type and message vs CPU)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     t0 = time.time()
-    res = run_all(args.samples, set(args.ops.split(",")) if args.ops else None, DTYPES[args.dtype], args.grad)
+    only = set(args.ops.split(",")) if args.ops else None
+    if args.errors:
+        return main_errors(args, only, t0)
+    inputs = "reference" if args.reference else "sample"
+    def show(r):
+        print(f"{r[1]:9s} {r[0]} {r[2]}" + (f"   [grad: {r[3]} {r[4]}]" if len(r) > 3 else ""), flush=True)
+
+    res = run_all(args.samples, only, DTYPES[args.dtype], args.grad, inputs, None if args.markdown else show)
     counts, tested = summary(res)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=0)
     if args.markdown:
         grad_flag = " --grad" if args.grad else ""
-        print(f"## OpInfo parity ({args.dtype}, up to {args.samples} samples per entry)\n")
+        if args.reference:
+            grad_flag += " --reference"
+        what = "extremal reference inputs" if args.reference else "samples"
+        print(f"## OpInfo parity ({args.dtype}, up to {args.samples} {what} per entry)\n")
         print(f"Command: `python tests/ops/opinfo_parity.py --samples {args.samples} --dtype {args.dtype}{grad_flag} "
               f"--markdown`; {time.time() - t0:.0f} s on the CPU plugin.\n")
         print("| result | entries |" + (" gradients |" if args.grad else "") + "\n|---|---|" + ("---|" if args.grad else ""))
@@ -323,8 +551,8 @@ def main():
               + ("---|" if args.grad else ""))
         for r in res:
             name, rr, why = r[:3]
-            if rr == "fail" and expected_fail(name, DTYPES[args.dtype]):
-                why = f"expected: {expected_fail(name, DTYPES[args.dtype])} ({why})"
+            if rr == "fail" and expected_fail(name, DTYPES[args.dtype], inputs):
+                why = f"expected: {expected_fail(name, DTYPES[args.dtype], inputs)} ({why})"
             grad = ""
             if len(r) > 3:
                 gwhy = r[4]
@@ -333,9 +561,34 @@ def main():
                 grad = f" {r[3]}{(': ' + gwhy.replace('|', '/')) if r[3] in ('fail', 'fallback') else ''} |"
             print(f"| `{name}` | {rr} | {why.replace('|', '/')} |" + grad)
     else:
-        for r in res:
-            print(f"{r[1]:9s} {r[0]} {r[2]}" + (f"   [grad: {r[3]} {r[4]}]" if len(r) > 3 else ""))
         print(counts, ("grad " + str(grad_summary(res))) if args.grad else "", f"{time.time() - t0:.0f}s")
+
+
+def main_errors(args, only, t0):
+    res = run_all_errors(only)
+    counts = error_summary(res)
+    tested = counts["pass"] + counts["fail"]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=0)
+    if args.markdown:
+        print("## OpInfo error inputs (exception type and message vs CPU)\n")
+        print(f"Command: `python tests/ops/opinfo_parity.py --errors --markdown`; {time.time() - t0:.0f} s on the CPU plugin.\n")
+        print(f"Of {tested} error inputs that CPU rejects as described, tpu raises the same type with a matching "
+              f"message for {counts['pass']} ({100 * counts['pass'] / max(tested, 1):.1f}%); {counts['skip']} more are "
+              f"skipped because CPU itself does not raise as the entry describes.\n")
+        print("| entry | error regex | result | detail |\n|---|---|---|---|")
+        for name, rx, rr, why in res:
+            if rr == "pass":
+                continue
+            if rr == "fail" and expected_error_fail(name, rx):
+                why = f"expected: {expected_error_fail(name, rx)} ({why})"
+            cell = rx.replace("|", "/")[:80]
+            print(f"| `{name}` | `{cell}` | {rr} | {why.replace('|', '/')} |")
+    else:
+        for name, rx, rr, why in res:
+            print(f"{rr:5s} {name} [{rx[:60]}] {why}")
+        print(counts, f"{100 * counts['pass'] / max(tested, 1):.1f}% of {tested}", f"{time.time() - t0:.0f}s")
 
 
 if __name__ == "__main__":
