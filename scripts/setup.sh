@@ -12,5 +12,7 @@ fi
 PY=${PYTHON_BIN:-python3}
 [ -x .venv/bin/python ] || $PY -m venv .venv
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+# the HuggingFace model suite's packages, every one pinned (tests/models/requirements.txt)
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -r tests/models/requirements.txt
 bash scripts/build.sh
 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
