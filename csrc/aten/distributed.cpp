@@ -87,13 +87,15 @@ class TpuWork final : public c10d::Work {
     TORCH_CHECK(source_ >= 0, kName, ": sourceRank() is only known for a completed recv from any source");
     return source_;
   }
-  // Completes the work (error or not), then its future.
+  // Completes the work's future (error or not), then the work.
+  // The future goes first, as ProcessGroupGloo's works do: whoever wait() wakes
+  // may read getFuture()->value() at once.
   void done(std::exception_ptr err) {
-    finish(err);
     if (err)
       future_->setError(err);
     else
       future_->markCompleted(c10::IValue(outputs_));
+    finish(err);
   }
   std::atomic<int> source_{-1};
 

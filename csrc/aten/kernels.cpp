@@ -863,6 +863,28 @@ void inject_invalid_op(const at::Tensor& t) {
   guarded("test op", [&] { Engine::get().op_done(t.device().index()); return 0; });
 }
 
+// Test hook: an op the trace cache recognises (t *= 2), or, with fail, the
+// same op whose rule emits values and then raises (a rule's own check): its
+// rollback must leave the graph, trace and value numbering as they were.
+void test_keyed_op(const at::Tensor& t, bool fail) {
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  int device = t.device().index();
+  auto& g = Engine::get().graph(device);
+  auto v = view_of(t);
+  engine::Op rec{"tt::test_keyed_op", python_site(), true, "tt::test_keyed_op", {v}, {}};
+  guarded("test op", [&] {
+    Engine::get().apply(g, rec, [&] {
+      hlo::Value x = g.load(v);
+      hlo::Value y = g.b.add(x, x);
+      if (fail) throw lower::UserError("tt::test_keyed_op failed on purpose");
+      g.store(v, y);
+      return lower::Reads{};
+    });
+    Engine::get().op_done(device);
+    return 0;
+  });
+}
+
 // A Meta kernel for an op whose (single) output has its first input's sizes and dtype.
 void meta_like_input(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   size_t nargs = op.schema().arguments().size();

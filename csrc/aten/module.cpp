@@ -383,6 +383,8 @@ PYBIND11_MODULE(_C, m) {
       return c.num_devices();
     });
   });
+  m.def("_test_keyed_op", [](const at::Tensor& t, bool fail) { aten::test_keyed_op(t, fail); },
+        py::call_guard<py::gil_scoped_release>());
   m.def("_test_inject_invalid_op", [](const at::Tensor& t) { aten::inject_invalid_op(t); },
         py::call_guard<py::gil_scoped_release>());
   m.def("_is_initialized", [] { return rt::Client::initialized(); });

@@ -36,6 +36,7 @@ std::pair<uint64_t, uint64_t> generator_take(int device, uint64_t n);  // (seed,
 // (and their in-place / out= variants). Returns the number of ATen overloads.
 int register_lowered_ops();
 void inject_invalid_op(const at::Tensor& t);
+void test_keyed_op(const at::Tensor& t, bool fail);
 at::PrivateUse1HooksInterface* hooks();
 std::vector<std::string> lowered_op_names();
 std::map<std::string, std::string> lowered_op_rules();  // registered op -> the rule it runs

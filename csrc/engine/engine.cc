@@ -352,6 +352,9 @@ void Graph::rollback(const Mark& m) {
   entries_.resize(m.entries);
   params_.resize(m.params);
   stores_ = m.stores;
+  rng_.param = m.rng_param;
+  rng_.key = m.rng_key;
+  rng_.counter = m.rng_counter;
 }
 
 Value Graph::scalar_param(double v, bool is_int, DType t) {
@@ -398,11 +401,12 @@ Engine& Engine::get() {
 }
 
 Graph& Engine::graph(int device) {
+  if (Graph* c = capture_graph(device)) return *c;
   auto it = graphs_.find(device);
   // DeferAndFuse: ops from another thread (autograd's device thread running the
   // backward, then the optimizer back on the main thread) start a new graph; the
   // finished part runs while the next one is being recorded.
-  if (mode_ == Mode::DeferAndFuse && split_threads_ && it != graphs_.end() && it->second && !it->second->capture &&
+  if (mode_ == Mode::DeferAndFuse && split_threads_ && it != graphs_.end() && it->second &&
       !it->second->ops.empty() && it->second->owner != std::this_thread::get_id())
     flush(device);
   auto& g = graphs_[device];
@@ -411,21 +415,40 @@ Graph& Engine::graph(int device) {
 }
 
 void Engine::begin_capture(int device) {
+  auto key = std::make_pair(std::this_thread::get_id(), device);
+  if (captures_.count(key)) throw rt::Error("torch_tpu: a capture is already in progress on this thread for tpu:" +
+                                            std::to_string(device));
   flush(device);
   auto g = std::make_unique<Graph>(device);
   g->capture = true;
   g->traceable = false;
-  graphs_[device] = std::move(g);
-  capture_broken_ = false;
+  captures_[key] = std::move(g);
 }
 
 std::unique_ptr<Graph> Engine::end_capture(int device) {
-  auto it = graphs_.find(device);
-  if (it == graphs_.end() || !it->second || !it->second->capture) return nullptr;
+  auto it = captures_.find(std::make_pair(std::this_thread::get_id(), device));
+  if (it == captures_.end()) return nullptr;
   std::unique_ptr<Graph> g = std::move(it->second);
-  graphs_.erase(it);
-  capture_broken_ = false;
+  captures_.erase(it);
+  g->broken = false;
   return g;
+}
+
+Graph* Engine::capture_graph(int device) {
+  if (captures_.empty()) return nullptr;
+  auto it = captures_.find(std::make_pair(std::this_thread::get_id(), device));
+  return it != captures_.end() ? it->second.get() : nullptr;
+}
+
+bool Engine::capture_broken() {
+  for (auto& [key, g] : captures_)
+    if (key.first == std::this_thread::get_id() && g->broken) return true;
+  return false;
+}
+
+void Engine::clear_capture_break() {
+  for (auto& [key, g] : captures_)
+    if (key.first == std::this_thread::get_id()) g->broken = false;
 }
 
 void Engine::zero_fill(Storage& st) {
@@ -438,11 +461,6 @@ void Engine::zero_fill(Storage& st) {
   st.buffer = rt::Client::get().from_host(zeros.data(), pjrt_type(st.dtype), {st.numel()}, st.device);
   metrics.h2d_transfers++;
   metrics.h2d_bytes += st.nbytes;
-}
-
-Graph* Engine::capture_graph(int device) {
-  auto it = graphs_.find(device);
-  return it != graphs_.end() && it->second && it->second->capture ? it->second.get() : nullptr;
 }
 
 void Engine::set_mode(Mode m) {
@@ -468,6 +486,8 @@ void Engine::op_done(int device) {
 void Engine::flush_all() {
   std::vector<int> devs;
   for (auto& kv : graphs_) devs.push_back(kv.first);
+  for (auto& kv : captures_)  // this thread's capture breaks, as a flush of it would
+    if (kv.first.first == std::this_thread::get_id()) devs.push_back(kv.first.second);
   for (int d : devs) flush(d);
 }
 
@@ -758,6 +778,10 @@ void Engine::begin_op(Graph& g, const std::string* key, const CurrentFn& current
   };
   auto fits = [&](const Trace& t) { return i < t.keys.size() && t.keys[i] == *key && reads_match(t.reads[i]); };
   if (i == 0) {
+    if (g.trace) {  // chosen for a first op that failed and was rolled back
+      g.trace = nullptr;
+      g.b.set_dry(false);
+    }
     auto it = traces_.find(*key);
     if (it == traces_.end()) return;
     for (const auto& t : it->second)
@@ -1029,12 +1053,12 @@ void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const 
 }
 
 void Engine::flush(int device) {
-  auto it = graphs_.find(device);
-  if (it == graphs_.end() || !it->second) return;
-  if (it->second->capture) {
-    capture_broken_ = true;
+  if (Graph* c = capture_graph(device)) {
+    c->broken = true;
     throw CaptureBreak("torch_tpu: this op needs the values of a graph being captured for torch.compile");
   }
+  auto it = graphs_.find(device);
+  if (it == graphs_.end() || !it->second) return;
   std::unique_ptr<Graph> g = std::move(it->second);
   graphs_.erase(it);
   if (!g->has_stores()) return;

@@ -155,12 +155,17 @@ class Graph {
   // input or output `index` of a program built once and run many times.
   void bind_external(const StoragePtr& st, Slot::Kind kind, int index);
   bool capture = false;  // a capture graph: never flushed, built into a Program
+  bool broken = false;   // a capture whose op needed its values (see Engine::capture_broken)
   struct Mark {
     hlo::Builder::Mark b;
     size_t entries = 0, params = 0, ops = 0;
     int stores = 0;
+    size_t rng_param = SIZE_MAX;
+    Value rng_key, rng_counter;
   };
-  Mark mark() const { return Mark{b.mark(), entries_.size(), params_.size(), ops.size(), stores_}; }
+  Mark mark() const {
+    return Mark{b.mark(), entries_.size(), params_.size(), ops.size(), stores_, rng_.param, rng_.key, rng_.counter};
+  }
   void rollback(const Mark& m);
   // Records an op of this graph: its name, the Python line that issued it (or
   // ""), and where its text starts (a Builder::mark taken before it was lowered).
@@ -222,11 +227,13 @@ class Engine {
   // Program bound to runtime inputs and outputs). Whatever would flush it (a
   // host read, the CPU fallback) throws CaptureBreak instead and sets
   // capture_broken(), after which the capture should be rolled back to a mark.
+  // A capture belongs to the thread that began it: other threads' ops on the
+  // same device meanwhile run (or fuse) as usual, outside it.
   void begin_capture(int device);
   std::unique_ptr<Graph> end_capture(int device);
   Graph* capture_graph(int device);
-  bool capture_broken() const { return capture_broken_; }
-  void clear_capture_break() { capture_broken_ = false; }
+  bool capture_broken();
+  void clear_capture_break();
   // Gives a storage that was never written (it reads as zeros) a zero buffer.
   void zero_fill(Storage& st);
 
@@ -340,6 +347,7 @@ class Engine {
   static std::string describe_failure(const Graph& g, const std::string& what);
   rt::BufferPtr scalar_buffer(double v, bool is_int, DType t, int device);
   std::map<int, std::unique_ptr<Graph>> graphs_;
+  std::map<std::pair<std::thread::id, int>, std::unique_ptr<Graph>> captures_;  // (thread, device)
   std::unordered_map<std::string, rt::ExecutablePtr> cache_;
   std::unordered_map<std::string, rt::BufferPtr> scalars_;
   Mode mode_ = Mode::Strict;
@@ -364,7 +372,6 @@ class Engine {
   std::function<void(const std::string&)> warn_;
   std::unordered_map<std::string, int> compiles_by_ops_;
   void note_compile(const Graph& g);
-  bool capture_broken_ = false;
   // The results of g (written, live entries) and their donations into p; the
   // entries they come from into `entries` and their values into `values`.
   void collect_results(Graph& g, Program& p, std::vector<int>& entries, std::vector<Value>& values);

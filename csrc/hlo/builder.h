@@ -69,11 +69,15 @@ class Builder {
   Builder();
 
   // ---- checkpoints: drop everything emitted after a mark (a failed lowering)
+  // Value numbers restart at the mark too: a graph replaying a recorded trace
+  // (dry) must number the ops after a failed one as the recording did.
   struct Mark {
     size_t body = 0, params = 0, funcs = 0;
+    int next = 0;
   };
-  Mark mark() const { return Mark{body_.size(), params_.size(), funcs_.size()}; }
+  Mark mark() const { return Mark{body_.size(), params_.size(), funcs_.size(), next_}; }
   void rollback(const Mark& m) {
+    next_ = m.next;
     body_.resize(m.body);
     params_.resize(m.params);
     param_ids_.resize(m.params);

@@ -114,3 +114,21 @@ TEST(Builder, PrivateFunctionsAndCalls) {
   dry.rollback(m);
   EXPECT_EQ(dry.module({}).find("@k_main"), std::string::npos);
 }
+
+// A rollback restarts value numbering at the mark: a dry replay whose failed
+// op was rolled back numbers the next ops as the recording (without it) did.
+TEST(Builder, RollbackRestartsValueNumbers) {
+  Builder rec;
+  Value a = rec.param(Type{DType::F32, {2}});
+  Value r1 = rec.add(rec.mul(a, a), a);
+  Builder replay;
+  replay.set_dry(true);
+  Value b = replay.param(Type{DType::F32, {2}});
+  auto m = replay.mark();
+  replay.unary("exponential", replay.unary("tanh", b));  // an op that failed after emitting values
+  replay.rollback(m);
+  Value r2 = replay.add(replay.mul(b, b), b);
+  EXPECT_EQ(r1.id, r2.id);
+  replay.materialize(rec.body_text());
+  EXPECT_EQ(rec.module({r1}), replay.module({r2}));
+}

@@ -112,3 +112,32 @@ def test_two_threads_run_compiled_models():
                  lambda: got.__setitem__(1, train(models[1], batches(5), compiled=True))])
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_a_capture_belongs_to_its_thread():
+    """While one thread captures a graph for torch.compile, another thread's
+    eager ops on the same device run as usual (not into that capture)."""
+    x = torch.arange(4.0, device="tpu")
+    began, done = threading.Event(), threading.Event()
+    got = []
+
+    def capturing():
+        torch_tpu._C._capture_begin(0)
+        try:
+            began.set()
+            assert done.wait(120)
+            assert torch_tpu._C._capture_broken() is False
+        finally:
+            torch_tpu._C._capture_abort(0)
+
+    def eager():
+        assert began.wait(120)
+        try:
+            for mode in MODES:
+                with torch_tpu.eager_mode(mode):
+                    got.append((x * 2 + 1).cpu().tolist())
+        finally:
+            done.set()
+
+    run_threads([capturing, eager])
+    assert got == [[1.0, 3.0, 5.0, 7.0]] * 2

@@ -140,3 +140,36 @@ def test_tracing_off_builds_text_every_time(no_traces):
         (x * 2).cpu()
     m = torch_tpu.metrics.report()
     assert m["trace_hits"] == 0 and m["cache_hits"] == 1 and m["program_bytes"] > 0
+
+
+
+def test_a_first_op_that_raises_leaves_no_trace_behind():
+    """Strict: an op that matches a recorded trace and then raises in its rule
+    must not leave that trace chosen for the next, different op."""
+    t = torch.ones(3, device="tpu")
+    with torch_tpu.eager_mode(E.DEFER_NEVER):
+        for _ in range(3):  # recorded, then replayed
+            torch_tpu._C._test_keyed_op(t, False)
+            t.cpu()
+        with pytest.raises(RuntimeError, match="failed on purpose"):
+            torch_tpu._C._test_keyed_op(t, True)
+        x = torch.full((2,), 3.0, device="tpu")
+        assert x.cpu().tolist() == [3.0, 3.0]
+    assert t.cpu().tolist() == [8.0] * 3
+
+
+def test_an_op_that_raises_mid_replay_keeps_the_numbering():
+    """DeferAndFuse: an op that raises in the middle of a replayed sequence is
+    rolled back; the replay goes on and a new op after it builds on its values."""
+    x = torch.arange(4.0, device="tpu")
+    with torch_tpu.eager_mode(E.DEFER_AND_FUSE):
+        for _ in range(3):
+            y = x * 2
+            torch_tpu._C._test_keyed_op(y, False)
+            (y + 1).cpu()
+        y = x * 2
+        with pytest.raises(RuntimeError, match="failed on purpose"):
+            torch_tpu._C._test_keyed_op(y, True)
+        torch_tpu._C._test_keyed_op(y, False)
+        z = ((y + 1) - 3).cpu()
+    assert z.tolist() == [(v * 4 + 1) - 3 for v in range(4)]
