@@ -884,17 +884,21 @@ void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
   } catch (const rt::Error& err) {
     throw rt::Error(describe_failure(g, err.what()), err.code());
   }
-  if (metrics.compiles.load() != before) note_compile(g);
+  if (metrics.compiles.load() != before) note_compile(g, values);
 }
 
 // Like PyTorch/XLA's "CompileTime too frequent": the same ops compiling program
 // after program means something that varies call to call is in the program text.
-void Engine::note_compile(const Graph& g) {
+void Engine::note_compile(const Graph& g, const std::vector<Value>& results) {
   if (g.ops.empty()) return;
   std::string name = g.ops.size() == 1 ? g.ops[0] : g.ops.front() + " ... " + g.ops.back() + " (" + std::to_string(g.ops.size()) + " ops)";
-  // the same ops on the same input types: new shapes alone do not count
+  // the same ops on the same parameter and result types: new shapes alone do not
+  // count (an op that creates its output, such as zero_ of a fresh tensor, has none
+  // of its shapes in the parameters)
   std::string key = name;
   for (const auto& t : g.b.param_types()) key += t.str();
+  key += "->";
+  for (const auto& v : results) key += v.type.str();
   if (compiles_by_ops_.size() > 4096) compiles_by_ops_.clear();
   if (++compiles_by_ops_[key] != kFrequentCompiles) return;
   key = name;

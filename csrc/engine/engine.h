@@ -371,7 +371,7 @@ class Engine {
   StoragePtr check_word(int device);
   std::function<void(const std::string&)> warn_;
   std::unordered_map<std::string, int> compiles_by_ops_;
-  void note_compile(const Graph& g);
+  void note_compile(const Graph& g, const std::vector<Value>& results);
   // The results of g (written, live entries) and their donations into p; the
   // entries they come from into `entries` and their values into `values`.
   void collect_results(Graph& g, Program& p, std::vector<int>& entries, std::vector<Value>& values);
