@@ -48,6 +48,24 @@ def _num_cpu_devices():
     return max(1, int(n))
 
 
+def _default_accelerate_device():
+    """HF accelerate picks its device from a fixed list of backends (cuda, xpu, npu, mps, ...;
+    not torch.accelerator), else from ACCELERATE_TORCH_DEVICE (read by accelerate's PartialState;
+    transformers' TrainingArguments reads it too). transformers finds tpu through torch.accelerator
+    and puts the model on tpu:0, so without this Trainer's batches stay on CPU. Setting that knob
+    (nothing of accelerate is patched) makes both agree on tpu:{LOCAL_RANK % device_count}, the
+    index accelerate picks for cuda. A value the user set wins. Subprocesses inherit it: a value we
+    set is also kept in TORCH_TPU_ACCELERATE_DEVICE, so a child (a torchrun worker) recomputes its
+    own index. Caveat: while it is set, accelerate ignores `cpu=True`, so a CPU run with
+    TrainingArguments(use_cpu=True) also needs ACCELERATE_TORCH_DEVICE=cpu."""
+    ours = _os.environ.get("TORCH_TPU_ACCELERATE_DEVICE")
+    current = _os.environ.get("ACCELERATE_TORCH_DEVICE")
+    if current is not None and current != ours:
+        return
+    index = int(_os.environ.get("LOCAL_RANK", "0") or 0) % max(1, _device_module.device_count())
+    _os.environ["ACCELERATE_TORCH_DEVICE"] = _os.environ["TORCH_TPU_ACCELERATE_DEVICE"] = f"tpu:{index}"
+
+
 def _start():
     from . import _C
 
@@ -64,13 +82,16 @@ def _start():
         _device_module._init_error = str(e)
         _warnings.warn(f"torch_tpu: the tpu device is unavailable: {e}")
     torch.utils.rename_privateuse1_backend("tpu")
+    if _device_module._init_error is None:
+        _default_accelerate_device()
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     _device_module._hook_torch_matmul_precision()
     # tpu kernels written in Python at the key the backend owns (see each module)
-    from . import _grouped_mm
+    from . import _fused_optim, _grouped_mm
 
     _grouped_mm.register()
+    _fused_optim.register()
     try:  # TPUs compute in bfloat16: make it autocast's default dtype for tpu
         torch.set_autocast_dtype("tpu", torch.bfloat16)
     except (AttributeError, RuntimeError):
