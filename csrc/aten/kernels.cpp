@@ -819,6 +819,20 @@ int64_t tpu_fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Ten
   return 0;  // sdp::SDPBackend::math
 }
 
+// nn.Module.to("tpu") moves each parameter in place (`param.data = moved`: tied
+// weights stay tied, an optimizer made before the move keeps its parameters) only
+// when this says the tensor types are compatible, as it does between CPU and CUDA.
+// c10's own answer knows the in-tree dense backends only; PyTorch leaves the answer
+// for PrivateUse1 to the backend. Same rule with tpu added to those backends.
+bool tpu_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  auto dense = [](c10::DispatchKeySet ks) {
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) &&
+           ks.has_any(c10::DispatchKeySet({c10::BackendComponent::CPUBit, c10::BackendComponent::PrivateUse1Bit}));
+  };
+  return dense(self.key_set()) && dense(from.key_set());
+}
+
 }  // namespace
 
 lower::Precision current_precision() { return OpEnv::current_precision(); }
@@ -845,6 +859,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
   m.impl("_fused_sdp_choice", TORCH_FN(tpu_fused_sdp_choice));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(tpu_has_compatible_shallow_copy_type));
 }
 
 // Test hook: adds an op whose program text fails verification to the current

@@ -267,7 +267,14 @@ Value bin_counts(Builder& b, Value x, Value w, Value edges, int64_t bins, bool l
   Value eL = b.broadcast_to(b.reshape(b.slice(edges, {bins}, {bins + 1}, {1}), {}), s);
   Value inr = b.binary("and", b.compare(xf, e0, hlo::Cmp::GE), b.compare(xf, eL, hlo::Cmp::LE));
   Value pos;
-  if (linear) {
+  if (linear && hlo::is_int(t)) {
+    // integers are binned as CUDA bins them: (x - lo) * bins / (hi - lo) in 64-bit integers
+    // (truncating; x >= lo in range), the top edge in the last bin (CPU has no integer histc)
+    auto wide = [&](Value v) { return b.convert(v, DType::S64); };
+    Value q = b.div(b.mul(b.sub(wide(xf), wide(e0)), b.constant_int(bins, DType::S64, s)), b.sub(wide(eL), wide(e0)));
+    pos = b.clamp(b.zeros(DType::S64, s), b.select(inr, q, b.zeros(DType::S64, s)),
+                  b.constant_int(bins - 1, DType::S64, s));
+  } else if (linear) {
     Value f = b.unary("floor", b.div(b.mul(b.sub(xf, e0), b.constant(static_cast<double>(bins), t, s)), b.sub(eL, e0)));
     f = b.select(inr, f, b.zeros(t, s));
     pos = b.clamp(b.zeros(DType::S64, s), b.convert(f, DType::S64), b.constant_int(bins - 1, DType::S64, s));

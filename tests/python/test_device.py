@@ -166,3 +166,30 @@ def test_a_normal_run_is_quiet():
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "6.0"
     assert r.stderr == "", r.stderr
+
+
+def test_module_to_moves_parameters_in_place(highest):
+    """As with CUDA, Module.to("tpu") keeps each Parameter object (`param.data = moved`):
+    tied weights stay tied (HF's embedding / LM head) and an optimizer built before the
+    move updates the moved parameters. It used to make new Parameters on tpu."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight  # tied
+    model = torch.nn.Sequential(emb, head)
+    w = emb.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    ref = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    ref[1].weight = ref[0].weight
+    ref.load_state_dict(model.state_dict())
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    model.to("tpu")
+    assert emb.weight is w and head.weight is w and w.device.type == "tpu"
+    assert len(list(model.parameters())) == 1
+    ids = torch.tensor([[1, 2, 3]])
+    for m, o, x in ((model, opt, ids.to("tpu")), (ref, ref_opt, ids)):
+        m(x).logsumexp(-1).sum().backward()
+        o.step()
+    torch.testing.assert_close(w.cpu(), ref[0].weight.detach(), rtol=1e-5, atol=1e-6)
+    model.to("cpu")
+    assert emb.weight is w and w.device.type == "cpu"

@@ -319,3 +319,15 @@ def test_max_min_reductions_propagate_nan():
     t = x.to("tpu")
     for f in (lambda a: a.amax(), lambda a: a.max(), lambda a: a.amin(1), lambda a: a.min(), lambda a: a.amax(0)):
         torch.testing.assert_close(f(t).cpu(), f(x), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.int16])
+def test_histc_of_integers_bins_as_cuda(dtype):
+    """CUDA's histc takes integer input (HF's MoE routing counts tokens per expert with
+    histc of int32 expert ids off CPU); CPU's takes floats only. Integer counts on tpu
+    equal CPU's on the same values as floats. It used to fail to compile (floor of i32)."""
+    x = torch.randint(0, 50, (300,), generator=torch.Generator().manual_seed(0)).to(dtype)
+    for args in (dict(bins=4, min=0, max=3), dict(bins=7, min=0, max=0), dict(bins=10, min=3, max=40)):
+        got = torch.histc(x.to("tpu"), **args)
+        assert got.dtype == dtype
+        assert torch.equal(got.cpu().float(), torch.histc(x.float(), **args)), args
