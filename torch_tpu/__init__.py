@@ -88,10 +88,11 @@ def _start():
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     _device_module._hook_torch_matmul_precision()
     # tpu kernels written in Python at the key the backend owns (see each module)
-    from . import _fused_optim, _grouped_mm
+    from . import _amp, _fused_optim, _grouped_mm
 
     _grouped_mm.register()
     _fused_optim.register()
+    _amp.register()
     try:  # TPUs compute in bfloat16: make it autocast's default dtype for tpu
         torch.set_autocast_dtype("tpu", torch.bfloat16)
     except (AttributeError, RuntimeError):
