@@ -643,7 +643,8 @@ Value Builder::convolution(Value lhs, Value rhs, const ConvDims& d, const Shape&
   std::string attrs = dn + ", window_strides = " + i64_array(strides) + ", padding = dense<[" + pads +
                       "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>, lhs_dilation = " +
                       i64_array(lhs_dil) + ", rhs_dilation = " + i64_array(rhs_dil) +
-                      ", feature_group_count = " + std::to_string(groups) + " : i64, batch_group_count = 1 : i64";
+                      ", feature_group_count = " + std::to_string(groups) +
+                      " : i64, batch_group_count = " + std::to_string(d.batch_groups) + " : i64";
   if (!precision.empty())
     attrs += ", precision_config = [#stablehlo<precision " + precision + ">, #stablehlo<precision " + precision + ">]";
   return emit("convolution", {lhs, rhs}, Type{result, out_shape}, attrs);

@@ -62,6 +62,7 @@ struct ConvDims {  // stablehlo.convolution dimension numbers, all 2-D-agnostic
   std::vector<int64_t> k_spatial;
   int64_t out_batch = 0, out_feature = 1;
   std::vector<int64_t> out_spatial;
+  int64_t batch_groups = 1;  // batch_group_count (the weight gradient of a grouped convolution)
 };
 
 class Builder {

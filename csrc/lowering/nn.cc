@@ -85,7 +85,7 @@ Shape ints_n(const std::vector<int64_t>& v, size_t n, int64_t dflt) {
 
 // grad of x for y = conv(x, w): a transposed convolution of g with the flipped kernel.
 Value conv_input_grad(Ctx& c, Value g, Value w, const Shape& in_shape, const Shape& stride, const Shape& pad,
-                      const Shape& dil, DType out) {
+                      const Shape& dil, int64_t groups, DType out) {
   int64_t ns = static_cast<int64_t>(in_shape.size()) - 2;
   std::vector<std::pair<int64_t, int64_t>> p;
   std::vector<int64_t> spatial;
@@ -96,13 +96,26 @@ Value conv_input_grad(Ctx& c, Value g, Value w, const Shape& in_shape, const Sha
     p.push_back({lo, lo + extra});
     spatial.push_back(2 + i);
   }
+  if (groups > 1) {
+    // w [Cout, Cin/G, k..] as G blocks -> [Cout/G, Cin, k..]: group g's output channels
+    // contract with its gradient block and give its Cin/G input channels
+    const Shape& ws = w.shape();
+    Shape blocks{groups, ws[0] / groups, ws[1]}, perm{1, 0, 2}, merged{ws[0] / groups, groups * ws[1]};
+    for (int64_t i = 0; i < ns; ++i) {
+      blocks.push_back(ws[2 + i]);
+      perm.push_back(3 + i);
+      merged.push_back(ws[2 + i]);
+    }
+    w = c.b.reshape(c.b.transpose(c.b.reshape(w, blocks), perm), merged);
+  }
   Value wf = c.b.reverse(w, spatial);
-  return conv(c, g, wf, conv_dims(ns, true), Shape(ns, 1), p, stride, dil, 1, in_shape, out);
+  return conv(c, g, wf, conv_dims(ns, true), Shape(ns, 1), p, stride, dil, groups, in_shape, out);
 }
 
-// grad of w: correlate the input with g, batch acting as the contracted feature.
+// grad of w: correlate the input with g, batch acting as the contracted feature
+// (a grouped convolution's G input-channel blocks pair with its G output blocks: batch groups).
 Value conv_weight_grad(Ctx& c, Value x, Value g, const Shape& w_shape, const Shape& stride, const Shape& pad,
-                       const Shape& dil, DType out) {
+                       const Shape& dil, int64_t groups, DType out) {
   int64_t ns = static_cast<int64_t>(w_shape.size()) - 2;
   hlo::ConvDims d = conv_dims(ns, false);
   d.in_batch = 1;
@@ -111,6 +124,7 @@ Value conv_weight_grad(Ctx& c, Value x, Value g, const Shape& w_shape, const Sha
   d.k_out = 1;
   d.out_batch = 1;
   d.out_feature = 0;
+  d.batch_groups = groups;
   std::vector<std::pair<int64_t, int64_t>> p;
   for (int64_t i = 0; i < ns; ++i) {
     int64_t k = w_shape[2 + i];
@@ -318,6 +332,27 @@ Value col_sum(Builder& b, Value g) { return b.reduce(g, b.zeros(g.dtype(), {}), 
 }  // namespace
 
 void register_nn() {
+  // native_group_norm(x, w?, b?, N, C, HxW, G, eps) -> (y, mean [N, G], rstd [N, G]): over each
+  //   (n, group) of C/G * HxW values, y = (x - mean) rstd w + b with the biased variance. A rule of
+  //   its own (not math_group_norm, which views x and so fails for a channels_last input).
+  add_rule("aten::native_group_norm", [](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x0 = c.in(0);
+    DType t = compute_type(c.odt(0));
+    int64_t N = c.int_(3), C = c.int_(4), HW = c.int_(5), G = c.int_(6), Cg = C / std::max<int64_t>(G, 1);
+    Shape s{N, G, Cg, HW}, ng{N, G};
+    Value x = b.reshape(b.convert(x0, t), s);
+    double M = static_cast<double>(Cg * HW);
+    Value mean = b.div(b.reduce(x, b.zeros(t, {}), {2, 3}, "add"), b.constant(M, t, ng));
+    Value xc = b.sub(x, b.broadcast_in_dim(mean, s, {0, 1}));
+    Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), {2, 3}, "add"), b.constant(M, t, ng));
+    Value rstd = b.unary("rsqrt", b.add(var, b.broadcast_to(c.scalar(7, t), ng)));
+    Value y = b.mul(xc, b.broadcast_in_dim(rstd, s, {0, 1}));
+    auto per_c = [&](size_t i) { return b.broadcast_in_dim(b.reshape(b.convert(c.in(i), t), {G, Cg}), s, {1, 2}); };
+    if (c.has(1)) y = b.mul(y, per_c(1));
+    if (c.has(2)) y = b.add(y, per_c(2));
+    return {b.convert(b.reshape(y, x0.shape()), c.odt(0)), b.convert(mean, c.odt(1)), b.convert(rstd, c.odt(2))};
+  });
   // native_group_norm_backward(g, x, mean [N, G], rstd [N, G], w?, N, C, HxW, G, mask):
   //   over each (n, group) of M = C/G * HxW values, with xh = (x - mean) rstd and d = g w:
   //   dx = rstd / M (M d - sum(d) - xh sum(d xh)); dw = sum_{n, hw} g xh; db = sum_{n, hw} g
@@ -741,14 +776,15 @@ void register_nn() {
     Value g = c.in(0), x = c.in(1), w = c.in(2);
     int64_t ns = x.rank() - 2;
     Shape stride = ints_n(c.ints(4), ns, 1), pad = ints_n(c.ints(5), ns, 0), dil = ints_n(c.ints(6), ns, 1);
-    if (c.int_(9) != 1) throw Unsupported("backward of grouped convolution");
+    int64_t groups = c.int_(9);
     bool transposed = c.flag(7);
+    if (groups != 1 && transposed) throw Unsupported("backward of grouped transposed convolution");
     const auto& mask = c.ints(10);
     DType t = x.dtype();
     Value dx, dw, db;
     if (!transposed) {
-      if (mask.size() > 0 && mask[0]) dx = conv_input_grad(c, g, w, x.shape(), stride, pad, dil, t);
-      if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, x, g, w.shape(), stride, pad, dil, w.dtype());
+      if (mask.size() > 0 && mask[0]) dx = conv_input_grad(c, g, w, x.shape(), stride, pad, dil, groups, t);
+      if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, x, g, w.shape(), stride, pad, dil, groups, w.dtype());
     } else {
       // y = conv_transpose(x, w) is the adjoint of x = conv(y, w): its input
       // gradient is that plain convolution of g, its weight gradient correlates g with x.
@@ -757,7 +793,7 @@ void register_nn() {
         for (int64_t i = 0; i < ns; ++i) p.push_back({pad[i], pad[i]});
         dx = conv(c, g, w, conv_dims(ns, false), stride, p, Shape(ns, 1), dil, 1, x.shape(), t);
       }
-      if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, g, x, w.shape(), stride, pad, dil, w.dtype());
+      if (mask.size() > 1 && mask[1]) dw = conv_weight_grad(c, g, x, w.shape(), stride, pad, dil, 1, w.dtype());
     }
     if (mask.size() > 2 && mask[2]) {
       std::vector<int64_t> dims{0};

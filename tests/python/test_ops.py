@@ -331,3 +331,28 @@ def test_histc_of_integers_bins_as_cuda(dtype):
         got = torch.histc(x.to("tpu"), **args)
         assert got.dtype == dtype
         assert torch.equal(got.cpu().float(), torch.histc(x.float(), **args)), args
+
+
+@pytest.mark.parametrize("nd,in_ch,out_ch,groups,k,stride,padding,dilation,shape", [
+    (1, 6, 6, 6, 3, 1, 2, 1, (2, 6, 10)),  # depthwise causal conv of linear-attention / Mamba layers
+    (1, 4, 8, 2, 3, 2, 1, 2, (2, 4, 11)),
+    (2, 6, 9, 3, 3, 2, 1, 1, (2, 6, 9, 8)),
+    (2, 4, 4, 4, 2, 1, 0, 2, (1, 4, 7, 7)),
+    (3, 4, 4, 2, 2, 1, 1, 1, (1, 4, 4, 5, 4)),
+])
+def test_grouped_convolution_backward(no_fallback, highest, nd, in_ch, out_ch, groups, k, stride, padding, dilation,
+                                      shape):
+    """Input, weight and bias gradients of grouped convolutions (feature groups for the
+    input gradient, batch groups for the weight gradient) match CPU; they used to fall back."""
+    conv = {1: torch.nn.Conv1d, 2: torch.nn.Conv2d, 3: torch.nn.Conv3d}[nd]
+    torch.manual_seed(0)
+    m = conv(in_ch, out_ch, k, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    x = torch.randn(*shape, requires_grad=True)
+    m(x).square().sum().backward()
+    ref = [x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone()]
+    m.zero_grad()
+    m.to("tpu")
+    xt = x.detach().to("tpu").requires_grad_()
+    m(xt).square().sum().backward()
+    for got, want in zip([xt.grad, m.weight.grad, m.bias.grad], ref):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
