@@ -100,6 +100,12 @@ CASES = [
     ("log_softmax", lambda a: F.log_softmax(a, 1), [r(3, 7)]),
     ("layer_norm", lambda a, w, b: F.layer_norm(a, (6,), w, b), [r(2, 3, 6), r(6), r(6)]),
     ("layer_norm_noaffine", lambda a: F.layer_norm(a, (3, 6)), [r(2, 3, 6)]),
+    ("group_norm", lambda a, w, b: F.group_norm(a, 2, w, b, eps=1e-3), [r(2, 6, 3, 5), r(6), r(6)]),
+    ("group_norm_noaffine_3d", lambda a: F.group_norm(a, 3), [r(2, 6, 7)]),
+    # a channels_last input (diffusers' VAE attention output): math_group_norm's view failed on it
+    ("group_norm_channels_last", lambda a, w, b: F.group_norm(a.contiguous(memory_format=torch.channels_last), 4, w, b),
+     [r(2, 8, 4, 4), r(8), r(8)]),
+    ("group_norm_bf16", lambda a, w, b: F.group_norm(a, 2, w, b), [r(2, 4, 6, dtype=torch.bfloat16), r(4, dtype=torch.bfloat16), r(4, dtype=torch.bfloat16)]),
     ("cross_entropy", lambda a, t: F.cross_entropy(a, t), [r(5, 7), torch.tensor([0, 6, 3, 3, 1])]),
     ("cross_entropy_ignore", lambda a, t: F.cross_entropy(a, t, ignore_index=3, reduction="sum"),
      [r(5, 7), torch.tensor([0, 6, 3, 3, 1])]),
@@ -230,7 +236,7 @@ IDX1 = torch.tensor([3, 1])
 TIDX = torch.tensor([0, 11, -1, 4, 4])
 MS_MASK = torch.tensor([[1, 0, 1, 1], [0, 0, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
 
-GRAD_SKIP = {"compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
+GRAD_SKIP = {"group_norm_bf16", "compare", "compare_scalar", "logical", "isnan_isinf", "argmax_argmin", "all_any", "sum_int",
              "int_add_float", "int_mul_int", "div_trunc_int", "floordiv_int", "div_floor",
              "floor_ceil_round_trunc", "sum_bool", "to_dtype", "max_dim", "heaviside", "signbit", "nextafter",
              "frexp", "zeta", "count_nonzero", "isin"}
