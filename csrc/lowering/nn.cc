@@ -353,26 +353,33 @@ void register_nn() {
     if (c.has(2)) y = b.add(y, per_c(2));
     return {b.convert(b.reshape(y, x0.shape()), c.odt(0)), b.convert(mean, c.odt(1)), b.convert(rstd, c.odt(2))};
   });
-  // native_group_norm(x, w?, b?, N, C, HxW, G, eps) -> (y, mean [N, G], rstd [N, G]): over each
-  //   (n, group) of C/G * HxW values, y = (x - mean) rstd w + b with the biased variance. A rule of
-  //   its own (not math_group_norm, which views x and so fails for a channels_last input).
-  add_rule("aten::native_group_norm", [](Ctx& c) -> V {
+  // _weight_norm_interface(v, g, dim) -> (w, norm): norm = ||v|| over every dim but `dim` (0 or
+  //   the last; g's shape), w = v * g / norm. Backward, with s = sum(gw * v) over the same dims:
+  //   dg = s / norm, dv = (g / norm) * (gw - v * dg / norm).
+  auto norm_dims = [](const Value& v, int64_t dim) {
+    std::vector<int64_t> dims;
+    for (int64_t i = 0; i < v.rank(); ++i)
+      if (i != (dim < 0 ? dim + v.rank() : dim)) dims.push_back(i);
+    return dims;
+  };
+  add_rule("aten::_weight_norm_interface", [norm_dims](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x0 = c.in(0);
+    Value v = c.in(0), g = c.in(1);
     DType t = compute_type(c.odt(0));
-    int64_t N = c.int_(3), C = c.int_(4), HW = c.int_(5), G = c.int_(6), Cg = C / std::max<int64_t>(G, 1);
-    Shape s{N, G, Cg, HW}, ng{N, G};
-    Value x = b.reshape(b.convert(x0, t), s);
-    double M = static_cast<double>(Cg * HW);
-    Value mean = b.div(b.reduce(x, b.zeros(t, {}), {2, 3}, "add"), b.constant(M, t, ng));
-    Value xc = b.sub(x, b.broadcast_in_dim(mean, s, {0, 1}));
-    Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), {2, 3}, "add"), b.constant(M, t, ng));
-    Value rstd = b.unary("rsqrt", b.add(var, b.broadcast_to(c.scalar(7, t), ng)));
-    Value y = b.mul(xc, b.broadcast_in_dim(rstd, s, {0, 1}));
-    auto per_c = [&](size_t i) { return b.broadcast_in_dim(b.reshape(b.convert(c.in(i), t), {G, Cg}), s, {1, 2}); };
-    if (c.has(1)) y = b.mul(y, per_c(1));
-    if (c.has(2)) y = b.add(y, per_c(2));
-    return {b.convert(b.reshape(y, x0.shape()), c.odt(0)), b.convert(mean, c.odt(1)), b.convert(rstd, c.odt(2))};
+    Value vt = b.convert(v, t);
+    Value n = b.reshape(b.unary("sqrt", sum(b, b.mul(vt, vt), norm_dims(v, c.int_(2)))), g.shape());
+    Value w = b.mul(vt, b.broadcast_to(b.div(b.convert(g, t), n), v.shape()));
+    return {b.convert(w, c.odt(0)), b.convert(n, c.odt(1))};
+  });
+  add_rule("aten::_weight_norm_interface_backward", [norm_dims](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value gw = c.in(0), v = c.in(1), g = c.in(2);
+    DType t = compute_type(c.odt(0));
+    Value vt = b.convert(v, t), gt = b.convert(g, t), n = b.convert(c.in(3), t);
+    Value dg = b.div(b.reshape(sum(b, b.mul(b.convert(gw, t), vt), norm_dims(v, c.int_(4))), g.shape()), n);
+    auto full = [&](Value x) { return b.broadcast_to(x, v.shape()); };
+    Value dv = b.mul(full(b.div(gt, n)), b.sub(b.convert(gw, t), b.mul(vt, full(b.div(dg, n)))));
+    return {b.convert(dv, c.odt(0)), b.convert(dg, c.odt(1))};
   });
   // native_group_norm_backward(g, x, mean [N, G], rstd [N, G], w?, N, C, HxW, G, mask):
   //   over each (n, group) of M = C/G * HxW values, with xh = (x - mean) rstd and d = g w:

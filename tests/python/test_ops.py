@@ -362,3 +362,23 @@ def test_grouped_convolution_backward(no_fallback, highest, nd, in_ch, out_ch, g
     m(xt).square().sum().backward()
     for got, want in zip([xt.grad, m.weight.grad, m.bias.grad], ref):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim,kind", [(2, "conv"), (0, "conv"), (0, "linear"), (1, "linear")])
+def test_weight_norm_forward_backward(no_fallback, highest, dim, kind):
+    """nn.utils.parametrizations.weight_norm (wav2vec2's positional conv) reaches
+    _weight_norm_interface and its backward on tpu; they used to fall back to CPU."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    torch.manual_seed(0)
+    m = weight_norm(torch.nn.Conv1d(4, 6, 3) if kind == "conv" else torch.nn.Linear(5, 3), name="weight", dim=dim)
+    x = torch.randn(2, 4, 7) if kind == "conv" else torch.randn(2, 5)
+    y = m(x)
+    y.square().sum().backward()
+    ref = [y.detach()] + [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m.to("tpu")
+    y = m(x.to("tpu"))
+    y.square().sum().backward()
+    for got, want in zip([y.detach()] + [p.grad for p in m.parameters()], ref):
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
