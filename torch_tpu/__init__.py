@@ -90,9 +90,11 @@ def _start():
     # tpu kernels written in Python at the key the backend owns (see each module)
     from . import _amp, _fused_optim, _grouped_mm
 
-    _grouped_mm.register()
-    _fused_optim.register()
-    _amp.register()
+    global _aten_impls
+    _aten_impls = torch.library.Library("aten", "IMPL")
+    for module in (_grouped_mm, _fused_optim, _amp):
+        for op, kernel, key in module.KERNELS:
+            _aten_impls.impl(op, kernel, key)
     try:  # TPUs compute in bfloat16: make it autocast's default dtype for tpu
         torch.set_autocast_dtype("tpu", torch.bfloat16)
     except (AttributeError, RuntimeError):

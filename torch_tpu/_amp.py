@@ -15,7 +15,6 @@ with a bad gradient after good ones raises without unscaling the good ones (CPU 
 """
 import torch
 
-_lib = None
 _NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
           torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
           torch.complex32: "ComplexHalf"}
@@ -78,10 +77,8 @@ def _update_scale_(current_scale, growth_tracker, found_inf, scale_growth_factor
     return current_scale
 
 
-def register():
-    global _lib
-    if _lib is not None:
-        return
-    _lib = torch.library.Library("aten", "IMPL")
-    _lib.impl("_amp_foreach_non_finite_check_and_unscale_", _non_finite_check_and_unscale_, "PrivateUse1")
-    _lib.impl("_amp_update_scale_", _update_scale_, "PrivateUse1")
+# (op, kernel, dispatch key), registered by torch_tpu at start-up
+KERNELS = [
+    ("_amp_foreach_non_finite_check_and_unscale_", _non_finite_check_and_unscale_, "PrivateUse1"),
+    ("_amp_update_scale_", _update_scale_, "PrivateUse1"),
+]

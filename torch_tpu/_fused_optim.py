@@ -16,7 +16,6 @@ import math
 
 import torch
 
-_lib = None
 _NAMES = {torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16", torch.float16: "Half",
           torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
           torch.bool: "Bool"}
@@ -140,14 +139,8 @@ def _sgd(params, grads, momentum_buffer_list, *, weight_decay, momentum, lr, dam
     _store(params, p, found_inf)
 
 
-def register():
-    global _lib
-    if _lib is not None:
-        return
-    _lib = torch.library.Library("aten", "IMPL")
-    for name in ("_fused_adam_", "_fused_adam_.tensor_lr"):
-        _lib.impl(name, lambda *a, **k: _adam(False, *a, **k), "PrivateUse1")
-    for name in ("_fused_adamw_", "_fused_adamw_.tensor_lr"):
-        _lib.impl(name, lambda *a, **k: _adam(True, *a, **k), "PrivateUse1")
-    for name in ("_fused_sgd_", "_fused_sgd_.tensor_lr"):
-        _lib.impl(name, _sgd, "PrivateUse1")
+# (op, kernel, dispatch key), registered by torch_tpu at start-up
+KERNELS = [(name, fn, "PrivateUse1") for names, fn in (
+    (("_fused_adam_", "_fused_adam_.tensor_lr"), lambda *a, **k: _adam(False, *a, **k)),
+    (("_fused_adamw_", "_fused_adamw_.tensor_lr"), lambda *a, **k: _adam(True, *a, **k)),
+    (("_fused_sgd_", "_fused_sgd_.tensor_lr"), _sgd)) for name in names]

@@ -21,7 +21,6 @@ undefined).
 """
 import torch
 
-_lib = None
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 _NAMES = {torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
           torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
@@ -77,9 +76,5 @@ def _grouped_mm(a, b, offs=None, bias=None, out_dtype=None):
     return torch.matmul(a.unsqueeze(0) * m.unsqueeze(1), b)  # (G, M, N)
 
 
-def register():
-    global _lib
-    if _lib is not None:
-        return
-    _lib = torch.library.Library("aten", "IMPL")
-    _lib.impl("_grouped_mm", _grouped_mm, "AutogradPrivateUse1")
+# (op, kernel, dispatch key), registered by torch_tpu at start-up
+KERNELS = [("_grouped_mm", _grouped_mm, "AutogradPrivateUse1")]
