@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (cd build && ctest --output-on-failure -j 2)
-.venv/bin/python -m pytest -q tests/python tests/ops "$@"
+.venv/bin/python -m pytest -q tests/python tests/ops tests/models "$@"
 # the trace cache's contract: replayed programs equal the text their ops build
 # (a mismatch raises in verify mode)
 TORCH_TPU_TRACE_CACHE=verify .venv/bin/python -m pytest -q tests/python/test_fuzz_modes.py tests/python/test_ops.py \
