@@ -50,7 +50,14 @@ at::Tensor tpu_nonzero(const at::Tensor& self) {
   return unravel(true_positions(mask, count_true(mask)), self.sizes());
 }
 
+// an out= tensor on another device (a CPU tensor) is rejected, as on CUDA, instead of being written across
+void check_out_device(const at::Tensor& self, const at::Tensor& out) {
+  TORCH_CHECK(out.device() == self.device(), "Expected all tensors to be on the same device, but found at least two ",
+              "devices, ", self.device(), " and ", out.device(), "!");
+}
+
 at::Tensor& tpu_nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  check_out_device(self, out);
   TORCH_CHECK(out.dtype() == at::kLong, "nonzero: Expected out tensor to have scalar type Long ",
               "but got scalar type", out.scalar_type());  // CPU's message, spacing included
   at::Tensor r = tpu_nonzero(self);
@@ -83,6 +90,7 @@ at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
 }
 
 at::Tensor& tpu_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
+  check_out_device(self, out);
   TORCH_CHECK(self.scalar_type() == out.scalar_type(), "masked_select(): self and result must have the same scalar type");
   at::Tensor r = tpu_masked_select(self, mask);
   at::native::resize_output(out, r.sizes());
@@ -141,7 +149,28 @@ bool tpu_equal(const at::Tensor& self, const at::Tensor& other) {
   return self.eq(other).all().item<bool>();
 }
 
+// repeat_interleave(repeats) = i repeated repeats[i] times: out[j] = #{cumsum(repeats) <= j}.
+// The total (and the sign check) is the one host read, unless output_size gives it.
+at::Tensor tpu_repeat_interleave(const at::Tensor& repeats, std::optional<c10::SymInt> output_size) {
+  TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");
+  if (repeats.scalar_type() != at::kLong && repeats.scalar_type() != at::kInt)
+    (void)at::repeat_interleave(at::zeros({1}, repeats.options().device(at::kCPU)));  // CPU's error for the dtype
+  if (repeats.size(0) == 0) return at::empty_like(repeats);
+  at::Tensor cum = repeats.cumsum(0, at::kLong);
+  int64_t total;
+  if (output_size.has_value()) {
+    total = output_size->guard_int(__FILE__, __LINE__);
+  } else {
+    at::Tensor host = at::stack({cum[-1], repeats.min().to(at::kLong)}).cpu();
+    total = host[0].item<int64_t>();
+    TORCH_CHECK(host[1].item<int64_t>() >= 0, "repeats can not be negative");
+  }
+  at::Tensor j = at::arange(total, long_on(repeats));
+  return at::searchsorted(cum, j, /*out_int32=*/false, /*right=*/true).to(repeats.scalar_type());
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("repeat_interleave.Tensor", TORCH_FN(tpu_repeat_interleave));
   m.impl("equal", TORCH_FN(tpu_equal));
   m.impl("nonzero", TORCH_FN(tpu_nonzero));
   m.impl("nonzero.out", TORCH_FN(tpu_nonzero_out));
@@ -156,7 +185,29 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 std::vector<std::string> composed_op_names() {
   return {"aten::_unique2",        "aten::equal",       "aten::masked_select", "aten::masked_select.out",
-          "aten::nonzero",         "aten::nonzero.out", "aten::nonzero_static", "aten::unique_consecutive"};
+          "aten::nonzero",         "aten::nonzero.out", "aten::nonzero_static", "aten::unique_consecutive",
+          "aten::repeat_interleave.Tensor"};
+}
+
+// x[mask] = v with one boolean mask of x's own shape, one value of x's dtype and no
+// accumulation: where(mask, v, x). No host read of the mask's count, and one program
+// whatever the count (the coordinates path below compiles one per count).
+std::optional<at::Tensor> masked_put_as_where(const std::string& name, const std::vector<c10::IValue>& args) {
+  if (args.size() < 4 || !args[0].isTensor() || !args[1].isList() || !args[2].isTensor() || !args[3].isBool() ||
+      args[3].toBool())
+    return std::nullopt;
+  auto l = args[1].toList();
+  if (l.size() != 1 || !l.get(0).isTensor()) return std::nullopt;
+  at::Tensor self = args[0].toTensor(), mask = l.get(0).toTensor(), values = args[2].toTensor();
+  if (!mask.defined() || mask.scalar_type() != at::kBool || mask.device() != self.device() ||
+      !mask.sizes().equals(self.sizes()) || self.dim() == 0 || values.numel() != 1 ||
+      values.scalar_type() != self.scalar_type() || values.dim() > self.dim())
+    return std::nullopt;
+  at::Tensor v = values.reshape({}).to(self.device());
+  at::Tensor r = at::where(mask, v, self);
+  if (name.back() != '_') return r;
+  self.copy_(r);
+  return self;
 }
 
 // Boolean (and uint8) masks among the indices of x[indices] become the int64

@@ -110,3 +110,27 @@ def test_equal():
     assert not torch.equal(x, x + 1)
     assert not torch.equal(x, x[:2])
     assert torch.equal(torch.tensor([1.0, 2.0], device="tpu"), torch.tensor([1, 2], device="tpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_repeat_interleave_with_tensor_repeats(no_fallback, dtype):
+    """repeat_interleave with a repeats tensor (FastSpeech2's length regulator) runs on the
+    device: the total is the one host read (none with output_size). It used to fall back."""
+    for r in ([2, 0, 3, 1], [0, 0], [5]):
+        rr = torch.tensor(r, dtype=dtype)
+        got = torch.repeat_interleave(rr.to("tpu"))
+        assert got.dtype == dtype and torch.equal(got.cpu(), torch.repeat_interleave(rr))
+    x = torch.randn(4, 3)
+    rr = torch.tensor([1, 0, 2, 3], dtype=dtype)
+    assert torch.equal(x.to("tpu").repeat_interleave(rr.to("tpu"), dim=0).cpu(), x.repeat_interleave(rr, dim=0))
+    got = x.to("tpu").repeat_interleave(rr.to("tpu"), dim=0, output_size=6)
+    assert torch.equal(got.cpu(), x.repeat_interleave(rr, dim=0, output_size=6))
+
+
+@pytest.mark.parametrize("bad", [[1, -1], [[1]], [1.0]])
+def test_repeat_interleave_errors_as_cpu(bad):
+    bad = torch.tensor(bad)
+    with pytest.raises(Exception) as cpu:
+        torch.repeat_interleave(bad)
+    with pytest.raises(type(cpu.value), match=str(cpu.value).replace("(", r"\(").replace(")", r"\)")):
+        torch.repeat_interleave(bad.to("tpu"))
