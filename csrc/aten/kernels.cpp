@@ -488,6 +488,20 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       }
   }
 
+  // nansum(x, dim=[]) reduces every dim on CPU, but its Meta kernel keeps x's shape: dim=None
+  if (info.name.rfind("aten::nansum", 0) == 0 && args.size() > 1 && args[1].isIntList() &&
+      args[1].toIntList().empty()) {
+    args[1] = c10::IValue();
+    *(args_begin + 1) = args[1];
+  }
+  // x[mask] = v over all of x: a select, no coordinates
+  if (info.mask_indices && info.name.find("index_put") != std::string::npos) {
+    if (auto r = masked_put_as_where(info.name, args)) {
+      torch::jit::drop(*stack, nargs);
+      stack->emplace_back(*r);
+      return;
+    }
+  }
   // x[mask]: masks become coordinates first (a data-dependent count), as in PyTorch
   if (info.mask_indices && args[1].isList()) {
     auto l = args[1].to<c10::List<std::optional<at::Tensor>>>();
@@ -707,13 +721,11 @@ const at::Tensor& tpu_resize_(const at::Tensor& self, c10::IntArrayRef size,
     storage.set_data_ptr_noswap(std::move(fresh));
     storage.set_nbytes(needed);
   }
-  if (memory_format && *memory_format != c10::MemoryFormat::Contiguous && *memory_format != c10::MemoryFormat::Preserve) {
-    impl->empty_tensor_restride(*memory_format);
-    impl->set_sizes_contiguous(size);
-    impl->empty_tensor_restride(*memory_format);
-  } else {
-    impl->set_sizes_contiguous(size);
-  }
+  // as CPU's resize_: contiguous sizes first, then the strides of the requested format for the new rank
+  TORCH_CHECK(!memory_format || *memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format",
+              *memory_format);
+  impl->set_sizes_contiguous(size);
+  if (memory_format) impl->empty_tensor_restride(*memory_format);
   return self;
 }
 

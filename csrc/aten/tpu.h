@@ -50,6 +50,7 @@ void reset_fallback_counts();
 // The ops composed of lowered ops in dynamic.cpp (data-dependent shapes, host-read results).
 std::vector<std::string> composed_op_names();
 bool expand_mask_indices(const at::Tensor& self, c10::List<std::optional<at::Tensor>>& indices);
+std::optional<at::Tensor> masked_put_as_where(const std::string& name, const std::vector<c10::IValue>& args);
 
 // The matmul precision in effect on this thread (torch.tpu.precision, else the process-wide mode).
 lower::Precision current_precision();

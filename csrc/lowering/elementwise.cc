@@ -269,24 +269,26 @@ V clamp(Ctx& c) {
 
 void register_elementwise() {
   using hlo::Cmp;
-  // ---- arithmetic: add(a, b, alpha) = a + alpha * b
+  // ---- arithmetic: add(a, b, alpha) = a + alpha * b, f16/bf16 computed in f32 and rounded
+  // once (as CPU and CUDA: 60000 + 2 * -60000 in half is -60000, not -inf; a Python
+  // number out of half's range, x + -70000, is not rounded to -inf first)
   auto add_like = [](bool subtract) {
     return [subtract](Ctx& c) -> V {
-      DType t = c.odt();
-      Value a = c.in_out(0, t), b = c.in_out(1, t);
-      if (c.has(2) && !c.num_is(2, 1.0)) b = c.b.mul(b, c.in_out(2, t));
-      return {subtract ? c.b.sub(a, b) : c.b.add(a, b)};
+      DType t = c.odt(), ct = (t == DType::F16 || t == DType::BF16) ? DType::F32 : t;
+      Value a = c.in_out(0, ct), b = c.in_out(1, ct);
+      if (c.has(2) && !c.num_is(2, 1.0)) b = c.b.mul(b, c.in_out(2, ct));
+      return {c.b.convert(subtract ? c.b.sub(a, b) : c.b.add(a, b), t)};
     };
   };
   for (auto n : {"aten::add.Tensor", "aten::add.Scalar"}) add_rule(n, add_like(false));
   for (auto n : {"aten::sub.Tensor", "aten::sub.Scalar"}) add_rule(n, add_like(true));
-  // rsub(a, b, alpha) = b - alpha * a
+  // rsub(a, b, alpha) = b - alpha * a (f16/bf16 in f32, as add)
   for (auto n : {"aten::rsub.Tensor", "aten::rsub.Scalar"})
     add_rule(n, [](Ctx& c) -> V {
-      DType t = c.odt();
-      Value a = c.in_out(0, t), b = c.in_out(1, t);
-      if (c.has(2) && !c.num_is(2, 1.0)) a = c.b.mul(a, c.in_out(2, t));
-      return {c.b.sub(b, a)};
+      DType t = c.odt(), ct = (t == DType::F16 || t == DType::BF16) ? DType::F32 : t;
+      Value a = c.in_out(0, ct), b = c.in_out(1, ct);
+      if (c.has(2) && !c.num_is(2, 1.0)) a = c.b.mul(a, c.in_out(2, ct));
+      return {c.b.convert(c.b.sub(b, a), t)};
     });
   for (auto n : {"aten::mul.Tensor", "aten::mul.Scalar"}) add_rule(n, binary("multiply"));
   for (auto n : {"aten::div.Tensor", "aten::div.Scalar"}) add_rule(n, [](Ctx& c) { return div_mode(c, 99); });
@@ -404,6 +406,23 @@ void register_elementwise() {
   }));
   // logaddexp(a, b) = max + log1p(exp(-|a - b|)); logaddexp2 in base 2
   add_rule("aten::logaddexp", binary_fn([](Builder& b, Value x, Value y) {
+    if (hlo::is_complex(x.dtype())) {
+      // complex, as CPU: (lo, hi) ordered by real part; NaN in lo -> NaN; lo.re = hi.re = -inf -> lo;
+      // +inf -> log(exp(lo) + exp(hi)); else hi + log1p(exp(lo - hi))
+      Type f{DType::F32, x.shape()};
+      Value xr = b.emit("real", {x}, f), yr = b.emit("real", {y}, f);
+      Value x_lo = b.compare(xr, yr, Cmp::LT);
+      Value lo = b.select(x_lo, x, y), hi = b.select(x_lo, y, x);
+      Value lr = b.emit("real", {lo}, f), li = b.emit("imag", {lo}, f), hr = b.emit("real", {hi}, f);
+      Value nan_lo = b.binary("or", b.compare(lr, lr, Cmp::NE), b.compare(li, li, Cmp::NE));
+      Value inf_eq = b.binary("and", b.compare(lr, hr, Cmp::EQ), b.compare(b.unary("abs", lr), b.constant(INFINITY, DType::F32, x.shape()), Cmp::EQ));
+      Value neg = b.compare(lr, b.zeros(DType::F32, x.shape()), Cmp::LT);
+      Value general = b.add(hi, b.unary("log_plus_one", b.unary("exponential", b.sub(lo, hi))));
+      Value pinf = b.unary("log", b.add(b.unary("exponential", lo), b.unary("exponential", hi)));
+      Value r = b.select(inf_eq, b.select(neg, lo, pinf), general);
+      Value qnan = b.constant(NAN, DType::F32, x.shape());
+      return b.select(nan_lo, b.emit("complex", {qnan, qnan}, x.type), r);
+    }
     Value m = b.max(x, y);
     Value d = b.unary("abs", b.sub(x, y));
     Value r = b.add(m, b.unary("log_plus_one", b.unary("exponential", b.neg(d))));

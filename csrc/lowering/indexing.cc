@@ -491,26 +491,34 @@ void register_indexing() {
     Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? "add" : "");
     return {b.reshape(out, x.shape())};
   });
-  // searchsorted(seq, v, out_int32, right, side, sorter) = #{seq < v} (left) or #{seq <= v} (right), per row
+  // searchsorted(seq, v, out_int32, right, side, sorter): CPU's binary search, unrolled
+  // (floor(log2 M) + 1 halvings of [start, end) per element): left moves start past
+  // mid while !(seq[mid] >= v), right while !(seq[mid] > v), so NaN values and NaN
+  // boundaries land where CPU puts them (a count of seq < v put NaN at 0)
   auto search = [](Ctx& c, Value seq, Value v, bool right) -> Value {
     Builder& b = c.b;
     DType t = promote(seq.dtype(), v.dtype());
     seq = b.convert(seq, t);
     v = b.convert(v, t);
     int64_t m = seq.shape().back();
-    // [..., K, M]: v along K against seq along M
-    Shape s = v.shape();
-    s.push_back(m);
-    std::vector<int64_t> vd, sd;
-    for (int64_t i = 0; i < v.rank(); ++i) vd.push_back(i);
-    Value vb = b.broadcast_in_dim(v, s, vd);
-    for (int64_t i = 0; i + 1 < seq.rank(); ++i) sd.push_back(i);
-    sd.push_back(static_cast<int64_t>(s.size()) - 1);
-    Value sb = seq.rank() == 1 ? b.broadcast_in_dim(seq, s, {static_cast<int64_t>(s.size()) - 1})
-                               : b.broadcast_in_dim(seq, s, sd);
-    Value hit = b.convert(b.compare(sb, vb, right ? hlo::Cmp::LE : hlo::Cmp::LT), DType::S64);
-    Value cnt = b.reduce(hit, b.constant_int(0, DType::S64), {static_cast<int64_t>(s.size()) - 1}, "add");
-    return b.convert(cnt, c.odt());
+    Shape vshape = v.shape();
+    if (m == 0 || hlo::numel(vshape) == 0) return b.zeros(c.odt(), vshape);
+    if (seq.rank() == 1) v = b.reshape(v, {hlo::numel(vshape)});  // every value against the one row
+    Value lo = b.zeros(DType::S64, v.shape()), hi = b.constant_int(m, DType::S64, v.shape());
+    Value one = b.constant_int(1, DType::S64, v.shape());
+    int steps = 1;
+    while ((int64_t{1} << steps) <= m) ++steps;
+    for (int i = 0; i < steps; ++i) {
+      Value active = b.compare(lo, hi, hlo::Cmp::LT);
+      Value mid = b.add(lo, b.binary("shift_right_logical", b.sub(hi, lo), one));
+      Value at = b.take_along(seq, b.min(mid, b.constant_int(m - 1, DType::S64, v.shape())), seq.rank() - 1);
+      Value below = b.compare(at, v, right ? hlo::Cmp::GT : hlo::Cmp::GE);  // false for NaN on either side
+      Value go_right = b.binary("and", active, b.unary("not", below));
+      Value go_left = b.binary("and", active, below);
+      lo = b.select(go_right, b.add(mid, one), lo);
+      hi = b.select(go_left, mid, hi);
+    }
+    return b.convert(b.reshape(lo, vshape), c.odt());
   };
   add_rule("aten::searchsorted.Tensor", [search](Ctx& c) -> V {
     Value seq = c.in(0);

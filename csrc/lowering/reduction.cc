@@ -113,6 +113,25 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
   return {var, mean};
 }
 
+// PyTorch's name of a dtype, as its messages spell it ("Float", "Long")
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::Pred: return "Bool";
+    case DType::S8: return "Char";
+    case DType::S16: return "Short";
+    case DType::S32: return "Int";
+    case DType::S64: return "Long";
+    case DType::U8: return "Byte";
+    case DType::U32: return "UInt32";
+    case DType::F16: return "Half";
+    case DType::BF16: return "BFloat16";
+    case DType::F32: return "Float";
+    case DType::F64: return "Double";
+    case DType::C64: return "ComplexFloat";
+  }
+  return "?";
+}
+
 }  // namespace
 
 void register_reduction() {
@@ -152,6 +171,10 @@ void register_reduction() {
   for (bool is_all : {true, false})
     for (auto ov : {"", ".dim", ".dims"})
       add_rule(std::string(is_all ? "aten::all" : "aten::any") + ov, [is_all, ov](Ctx& c) -> V {
+        // out= of another dtype: CPU's error (the Meta kernel casts instead); bool and uint8 results only
+        if (c.odt() != DType::Pred && c.odt() != DType::U8)
+          throw UserError(std::string(is_all ? "all" : "any") + " only supports bool tensor for result, got: " +
+                          torch_dtype_name(c.odt()));
         Value x = c.in(0);
         Value p = x.dtype() == DType::Pred ? x : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE);
         auto dims = std::string(ov).empty() ? reduce_dims(c, 99, x.rank()) : reduce_dims(c, 1, x.rank());

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+import torch_tpu
 
 NAN, INF = float("nan"), float("inf")
 
@@ -275,3 +276,111 @@ def test_polynomials_at_reference_inputs_finish_in_time():
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"device loops did not finish in 240 s: {e.stdout}")
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- PyTorch test files, second pass
+def test_data_dependent_out_on_another_device_is_rejected():
+    """nonzero/masked_select with a CPU out= tensor raise as CUDA does (were written across)."""
+    x = torch.tensor([1, 0, 2], device="tpu")
+    for fn in (lambda o: torch.nonzero(x, out=o), lambda o: torch.masked_select(x, x > 0, out=o)):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+            fn(torch.empty(0, dtype=torch.long))
+    o = torch.empty(0, dtype=torch.long, device="tpu")
+    assert torch.nonzero(x, out=o).cpu().flatten().tolist() == [0, 2]
+
+
+@pytest.mark.parametrize("shape,fmt", [((2, 3, 4, 5), torch.channels_last), ((2, 3, 2, 4, 5), torch.channels_last_3d),
+                                       ((6, 5), torch.contiguous_format)], ids=["cl", "cl3d", "contiguous"])
+def test_resize_with_memory_format_of_the_new_rank(shape, fmt):
+    """resize_(shape, memory_format) restrides for the new sizes (a 1-D tensor resized to 5-D
+    channels_last_3d raised "required rank 4 tensor")."""
+    n = torch.Size(shape).numel()
+    cpu, tpu = torch.randn(n), torch.randn(n, device="tpu")
+    cpu.resize_(shape, memory_format=fmt)
+    tpu.resize_(shape, memory_format=fmt)
+    assert tpu.is_contiguous(memory_format=fmt) and tpu.stride() == cpu.stride() and tpu.shape == cpu.shape
+    same_error(lambda t: t.resize_((2, 3), memory_format=torch.preserve_format), torch.randn(6))
+
+
+def test_masked_assign_over_the_whole_tensor_is_one_program(no_fallback):
+    """x[mask] = v with a mask of x's shape is a select: CPU's values, whether the mask is on
+    CPU or tpu, and one program whatever the number of true elements (it compiled one per count)."""
+    torch.manual_seed(0)
+    x = torch.randn(7, 9)
+    xt = x.to("tpu")
+    for i in range(6):
+        m = torch.randn(7, 9) > (0.5 if i % 2 else -0.2)
+        if i == 2:
+            compiles = torch_tpu.metrics.report()["compiles"]
+        x[m] = NAN if i % 3 else -1.5
+        xt[m.to("tpu") if i % 2 else m] = NAN if i % 3 else -1.5
+    torch.testing.assert_close(xt.cpu(), x, equal_nan=True)
+    assert torch_tpu.metrics.report()["compiles"] - compiles <= 1
+    # through a view, functional index_put, accumulate and values of another dtype as on CPU
+    base, bt = torch.zeros(3, 4, 5), torch.zeros(3, 4, 5, device="tpu")
+    m = torch.rand(4, 5) > 0.5
+    base[1][m] = 2.0
+    bt[1][m] = 2.0
+    torch.testing.assert_close(bt.cpu(), base)
+    put = lambda t, mm, v: t.index_put((mm,), v)  # noqa: E731
+    parity(put, torch.randn(4, 5), m, torch.tensor(3.0))
+    parity(lambda t, mm, v: t.index_put((mm,), v, accumulate=True), torch.randn(4, 5), m, torch.tensor(3.0))
+    parity(put, torch.randn(4, 5), m, torch.tensor([3]))
+
+
+def test_complex_logaddexp(no_fallback):
+    """logaddexp of complex64 (was a PJRT compile error: abs of complex), CPU's special cases."""
+    v = torch.tensor([1 + 2j, complex(-INF, 1), complex(INF, 0.5), complex(NAN, 0), complex(0, NAN), -3 + 4j,
+                      complex(INF, -1), complex(-INF, 2), 0j], dtype=torch.complex64)
+    parity(torch.logaddexp, v.repeat_interleave(len(v)), v.repeat(len(v)))
+    parity(torch.logaddexp, torch.randn(32, 16, dtype=torch.complex64), torch.randn(32, 16, dtype=torch.complex64))
+
+
+def test_half_add_with_alpha_rounds_once():
+    """add/sub/rsub of float16/bfloat16 compute a + alpha * b in float32 and round once, as
+    CUDA does: 60000 + 2 * -60000 is -60000 in half, not -inf; a Python number out of half's
+    range is not rounded to inf first."""
+    x = torch.tensor([60000.0], dtype=torch.half, device="tpu")
+    y = torch.tensor([-60000.0], dtype=torch.half, device="tpu")
+    assert torch.add(x, y, alpha=2).item() == -60000.0
+    assert torch.sub(x, -y, alpha=2).item() == -60000.0
+    assert torch.rsub(-y, x, alpha=2).item() == -60000.0
+    assert torch.add(x, -70000.0).item() == -10000.0
+    assert torch.sub(x, 70000.0).item() == -10000.0
+    a, b = torch.randn(64, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    parity(lambda p, q: torch.add(p, q, alpha=3), a, b, rtol=1e-2, atol=1e-2)
+
+
+def test_all_any_out_of_a_non_bool_dtype_raises_as_cpu():
+    for fn in (lambda t: torch.all(t, 0, out=torch.empty(0, device=t.device)),
+               lambda t: torch.any(t, out=torch.empty(0, dtype=torch.long, device=t.device)),
+               lambda t: torch.any(t, (0,), out=torch.empty(0, dtype=torch.half, device=t.device))):
+        same_error(fn, torch.randn(4, 3))
+    parity(lambda t, o: torch.all(t, 0, out=o), torch.randn(4, 3), torch.empty(0, dtype=torch.bool))
+    parity(lambda t, o: torch.any(t, 1, out=o), torch.randint(0, 2, (4, 3), dtype=torch.uint8), torch.empty(0, dtype=torch.uint8))
+
+
+def test_searchsorted_with_nan_as_cpu(no_fallback):
+    """searchsorted/bucketize follow CPU's binary search: NaN values go past every boundary and
+    NaN boundaries (sorted last) are passed over as on CPU (a count of seq < v put NaN at 0)."""
+    cases = [(torch.tensor([1, 2, 3, 4, 5, 6, NAN]), torch.tensor([3.0, NAN, 8.0, 2.0, 0.0, 6.0, 1.0])),
+             (torch.tensor([1.0, NAN, NAN, NAN, NAN]), torch.tensor([0.5, 1.0, 2.0, NAN])),
+             (torch.tensor([0.0, 1.0, 2.0, 3.0]), torch.tensor([1.0, NAN, 2.0, NAN])),
+             (torch.randn(3, 17).sort().values, torch.randn(3, 5)),
+             (torch.randint(0, 10, (9,)).sort().values, torch.randint(-2, 12, (4, 6))),
+             (torch.arange(1000.0), torch.randn(20) * 500 + 500)]
+    for seq, v in cases:
+        for right in (False, True):
+            parity(lambda s, x: torch.searchsorted(s, x, right=right), seq, v)
+            parity(lambda s, x: torch.searchsorted(s, x, right=right, out_int32=True), seq, v)
+            if seq.dim() == 1:
+                parity(lambda s, x: torch.bucketize(x, s, right=right), seq, v)
+    s = torch.randn(10)
+    parity(lambda a, x, o: torch.searchsorted(a, x, sorter=o), s, torch.randn(6), s.argsort())
+
+
+def test_nansum_over_an_empty_dim_list_reduces_everything():
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, NAN, 6.0]])
+    parity(lambda t: torch.nansum(t, dim=[]), x)
+    parity(lambda t: torch.nansum(t, dim=[], keepdim=True), x)
+    parity(lambda t: torch.nansum(t, dim=[1]), x)
