@@ -165,6 +165,25 @@ std::vector<int64_t> reduce_dims(const Ctx& c, size_t i, int64_t rank) {
   return dims;
 }
 
+// PyTorch's name of a dtype, as its messages spell it ("Float", "Long")
+const char* torch_dtype_name(DType t) {
+  switch (t) {
+    case DType::Pred: return "Bool";
+    case DType::S8: return "Char";
+    case DType::S16: return "Short";
+    case DType::S32: return "Int";
+    case DType::S64: return "Long";
+    case DType::U8: return "Byte";
+    case DType::U32: return "UInt32";
+    case DType::F16: return "Half";
+    case DType::BF16: return "BFloat16";
+    case DType::F32: return "Float";
+    case DType::F64: return "Double";
+    case DType::C64: return "ComplexFloat";
+  }
+  return "?";
+}
+
 DType promote(DType a, DType b) {
   auto cat = [](DType t) { return t == DType::Pred ? 0 : hlo::is_int(t) ? 1 : hlo::is_float(t) ? 2 : 3; };
   if (cat(a) != cat(b)) return cat(a) > cat(b) ? a : b;

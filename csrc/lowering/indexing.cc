@@ -497,6 +497,11 @@ void register_indexing() {
   // boundaries land where CPU puts them (a count of seq < v put NaN at 0)
   auto search = [](Ctx& c, Value seq, Value v, bool right) -> Value {
     Builder& b = c.b;
+    bool i32 = c.flag_or(2, false);  // out_int32 (both ops); an out= tensor of another dtype: CPU's error
+    if (c.odt() != (i32 ? DType::S32 : DType::S64))
+      throw UserError(std::string("torch.searchsorted(): output tensor's dtype is wrong, it can only be Int(int32) or "
+                                  "Long(int64) depending on whether out_int32 flag is True, but we got output tensor's "
+                                  "dtype ") + torch_dtype_name(c.odt()) + " and out_int32 flag is " + (i32 ? "True" : "False"));
     DType t = promote(seq.dtype(), v.dtype());
     seq = b.convert(seq, t);
     v = b.convert(v, t);
@@ -523,6 +528,10 @@ void register_indexing() {
   add_rule("aten::searchsorted.Tensor", [search](Ctx& c) -> V {
     Value seq = c.in(0);
     if (c.has(5)) seq = c.b.take_along(seq, c.b.convert(c.in(5), DType::S64), seq.rank() - 1);
+    if (c.has(4) && c.str(4) != "left" && c.str(4) != "right")
+      throw UserError("torch.searchsorted(): side can only be 'left' or 'right' but got " + c.str(4));
+    if (c.has(4) && c.str(4) == "left" && c.flag_or(3, false))
+      throw UserError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True");
     bool right = c.flag_or(3, false) || (c.has(4) && c.str(4) == "right");
     return {search(c, seq, c.in(1), right)};
   });

@@ -184,6 +184,7 @@ std::vector<std::string> rule_names();
 // PyTorch's message when out of range.
 int64_t wrap_dim(int64_t d, int64_t rank);
 std::vector<int64_t> reduce_dims(const Ctx& c, size_t dim_arg, int64_t rank);  // None / [] -> all
+const char* torch_dtype_name(DType t);  // PyTorch's spelling in messages: "Float", "Long"
 DType promote(DType a, DType b);
 DType compute_type(DType t);  // f16/bf16 -> f32 (accumulation type), else t
 // The one place matmul-like ops contract: float32 operands follow the active

@@ -113,25 +113,6 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
   return {var, mean};
 }
 
-// PyTorch's name of a dtype, as its messages spell it ("Float", "Long")
-const char* torch_dtype_name(DType t) {
-  switch (t) {
-    case DType::Pred: return "Bool";
-    case DType::S8: return "Char";
-    case DType::S16: return "Short";
-    case DType::S32: return "Int";
-    case DType::S64: return "Long";
-    case DType::U8: return "Byte";
-    case DType::U32: return "UInt32";
-    case DType::F16: return "Half";
-    case DType::BF16: return "BFloat16";
-    case DType::F32: return "Float";
-    case DType::F64: return "Double";
-    case DType::C64: return "ComplexFloat";
-  }
-  return "?";
-}
-
 }  // namespace
 
 void register_reduction() {

@@ -384,3 +384,13 @@ def test_nansum_over_an_empty_dim_list_reduces_everything():
     parity(lambda t: torch.nansum(t, dim=[]), x)
     parity(lambda t: torch.nansum(t, dim=[], keepdim=True), x)
     parity(lambda t: torch.nansum(t, dim=[1]), x)
+
+
+def test_searchsorted_out_of_the_wrong_dtype_raises_as_cpu():
+    v = torch.tensor([1.0, 2.0, 3.0])
+    for dtype, i32 in ((torch.float32, False), (torch.long, True), (torch.int32, False)):
+        same_error(lambda s, o: torch.searchsorted(s, s, out=o, out_int32=i32), v, torch.empty(3, dtype=dtype))
+        same_error(lambda s, o: torch.bucketize(s, s, out=o, out_int32=i32), v, torch.empty(3, dtype=dtype))
+    parity(lambda s, o: torch.searchsorted(s, s, out=o, out_int32=True), v, torch.empty(3, dtype=torch.int32))
+    same_error(lambda s: torch.searchsorted(s, s, side="abc"), v)
+    same_error(lambda s: torch.searchsorted(s, s, side="left", right=True), v)
