@@ -227,6 +227,8 @@ void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args)
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cs);  // throws the CPU error
 }
 
+bool cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
+
 std::mutex g_meta_mu;
 std::atomic<int64_t> g_meta_runs{0};
 struct MetaUnavailable {};
@@ -243,10 +245,31 @@ MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args
   }
   g_meta_runs++;
   torch::jit::Stack ms;
-  ms.reserve(args.size());
-  for (const auto& v : args) ms.push_back(meta_ivalue(v));
-  try {
+  // CPU scalars (0-dim CPU tensors) stay on the CPU for the Meta kernel, as they do for
+  // CUDA's kernels; a Meta kernel that insists on one device (masked_fill.Tensor's value)
+  // gets them as 0-dim meta tensors instead (same dtype, so the same promotion).
+  auto redispatch_meta = [&](bool scalars_too) {
+    ms.clear();
+    for (const auto& v : args) {
+      if (scalars_too && v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor())) {
+        at::Tensor m = at::empty({}, v.toTensor().options().device(c10::kMeta));
+        m.unsafeGetTensorImpl()->set_wrapped_number(v.toTensor().unsafeGetTensorImpl()->is_wrapped_number());
+        ms.push_back(m);
+      } else {
+        ms.push_back(meta_ivalue(v));
+      }
+    }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  };
+  bool has_cpu_scalar = false;
+  for (const auto& v : args) has_cpu_scalar |= v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor());
+  try {
+    try {
+      redispatch_meta(false);
+    } catch (const std::exception&) {
+      if (!has_cpu_scalar) throw;
+      redispatch_meta(true);
+    }
   } catch (const std::exception&) {
     // Some Meta kernels are Python decompositions whose messages differ from
     // the CPU kernel's. Replay the call on CPU with zero-filled stand-ins so the
@@ -363,7 +386,6 @@ class OpEnv final : public lower::Env {
               b, "!");
 }
 
-bool cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
 
 bool dtype_supported(c10::ScalarType t) {
   try {
@@ -436,7 +458,9 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // device and argument checks
   int device = -1;
   c10::Device first_dev(c10::kCPU);
-  bool allow_cpu_tensors = info.name.rfind("aten::index", 0) == 0;
+  // CPU index tensors are allowed (as on CUDA) by index/index_put and by _index_put_impl_,
+  // which the backward of x[cpu_indices] calls
+  bool allow_cpu_tensors = info.name.rfind("aten::index", 0) == 0 || info.name.rfind("aten::_index_put_impl", 0) == 0;
   auto visit_tensor = [&](at::Tensor& t, bool replace_ok) {
     if (!t.defined()) return;
     if (t.device().type() == kTpu) {

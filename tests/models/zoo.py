@@ -198,6 +198,11 @@ def model_class(model_type, task=None):
 def build(model_type, task=None, seed=0):
     task, cls = model_class(model_type, task)
     cfg = tiny_config(model_type)
+    # sampling noise inside forward (VITS's durations and waveform) draws from each device's
+    # own generator, so CPU and tpu would sample differently: sample nothing
+    for k in ("noise_scale", "noise_scale_duration"):
+        if hasattr(cfg, k):
+            setattr(cfg, k, 0.0)
     torch.manual_seed(seed)
     model = cls(cfg).eval()
     # Parameters the init leaves constant (zero router gates, unit norm weights) get a
@@ -267,6 +272,9 @@ def make_inputs(model, seed=1):
     if main == "past_values":
         ctx = getattr(cfg, "context_length", 16) + max(getattr(cfg, "lags_sequence", [0]) or [0])
         out["past_values"] = torch.randn(BATCH, ctx, generator=g)
+    if "noise" in params and "pixel_values" in out:  # random patch masking (ViT-MAE): the same noise on both
+        n = (_get(cfg, ("image_size",), 32) // _get(cfg, ("patch_size",), 4)) ** 2
+        out["noise"] = torch.rand(BATCH, n, generator=g)
     if getattr(cfg, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         out["decoder_input_ids"] = torch.randint(3, hi, (BATCH, SEQ // 2), generator=g)
     if not out:

@@ -394,3 +394,22 @@ def test_searchsorted_out_of_the_wrong_dtype_raises_as_cpu():
     parity(lambda s, o: torch.searchsorted(s, s, out=o, out_int32=True), v, torch.empty(3, dtype=torch.int32))
     same_error(lambda s: torch.searchsorted(s, s, side="abc"), v)
     same_error(lambda s: torch.searchsorted(s, s, side="left", right=True), v)
+
+
+def test_cpu_index_tensors_in_backward_and_cpu_scalar_fill_values(no_fallback):
+    """As on CUDA: indexing a tpu tensor with CPU index tensors also works in the backward
+    (index_backward's _index_put_impl_ gets the saved CPU indices; SAM's vision encoder),
+    and masked_fill takes a 0-dim CPU tensor value natively (SEW-D; it used to fall back)."""
+    x = torch.randn(5, 3, requires_grad=True)
+    i = torch.tensor([0, 2, 2])
+    xt = x.detach().to("tpu").requires_grad_()
+    xt[i].square().sum().backward()
+    x[i].square().sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
+    m = torch.rand(5, 3) > 0.5
+    for v in (torch.tensor(1.5), torch.tensor(torch.finfo(torch.float32).min), torch.tensor(2)):
+        want = x.detach().masked_fill(m, v)
+        assert torch.equal(x.detach().to("tpu").masked_fill(m.to("tpu"), v).cpu(), want)
+        y = x.detach().to("tpu")
+        y.masked_fill_(m.to("tpu"), v)
+        assert torch.equal(y.cpu(), want)
