@@ -2,11 +2,19 @@
 runs all of them and writes docs/MODELS.md): decoders (dense, MoE, hybrid linear
 attention), encoders, encoder-decoders, vision, audio and a dual encoder, each built tiny
 from its config, compared with CPU in forward, gradients and greedy generate()."""
+import os
+import sys
+
 import pytest
+
+# Tests count compiles: no persistent cache (as tests/python/conftest.py). No conftest.py
+# here: a second module named conftest would shadow tests/python's in one pytest run.
+os.environ.setdefault("TORCH_TPU_CACHE_DIR", "")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 tf = pytest.importorskip("transformers")
 
-import check  # noqa: E402  (tests/models is on sys.path: conftest.py)
+import check  # noqa: E402
 
 FUSE = ["llama", "gpt2", "mixtral", "qwen3_next", "bert", "t5", "bart", "vit", "whisper", "clip", "wav2vec2"]
 STRICT = ["qwen2", "roberta", "convnext"]
