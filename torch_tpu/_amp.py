@@ -15,9 +15,8 @@ with a bad gradient after good ones raises without unscaling the good ones (CPU 
 """
 import torch
 
-_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-          torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
-          torch.complex32: "ComplexHalf"}
+from ._names import dtype_name
+
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
@@ -39,7 +38,7 @@ def _non_finite_check_and_unscale_(scaled_grads, found_inf, inv_scale):
         torch._check(t.layout == torch.strided, lambda: "one of scaled_grads was not a strided tensor.")
         if t.dtype not in _FLOATS:
             raise NotImplementedError('"_amp_foreach_non_finite_check_and_unscale_cpu" not implemented for '
-                                      f"'{_NAMES.get(t.dtype, t.dtype)}'")
+                                      f"'{dtype_name(t.dtype)}'")
     grads = [t for t in scaled_grads if t.numel() > 0]
     if not grads:
         return

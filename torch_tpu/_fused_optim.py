@@ -16,9 +16,7 @@ import math
 
 import torch
 
-_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.bfloat16: "BFloat16", torch.float16: "Half",
-          torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-          torch.bool: "Bool"}
+from ._names import dtype_name
 
 
 def _check(kernel, params, sizes, same_dtype):
@@ -28,11 +26,11 @@ def _check(kernel, params, sizes, same_dtype):
                      "message be improved?  If so, please report an enhancement request to PyTorch.)")
     for i, p in enumerate(params):
         if not p.is_floating_point():
-            raise NotImplementedError(f'"{kernel}" not implemented for \'{_NAMES.get(p.dtype, p.dtype)}\'')
+            raise NotImplementedError(f'"{kernel}" not implemented for \'{dtype_name(p.dtype)}\'')
         for lst in same_dtype:
             if lst and lst[i].dtype != p.dtype:
-                raise RuntimeError(f"expected scalar type {_NAMES[p.dtype]} but found "
-                                   f"{_NAMES.get(lst[i].dtype, lst[i].dtype)}")
+                raise RuntimeError(f"expected scalar type {dtype_name(p.dtype)} but found "
+                                   f"{dtype_name(lst[i].dtype)}")
 
 
 def _opmath(ts):

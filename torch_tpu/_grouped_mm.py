@@ -21,9 +21,9 @@ undefined).
 """
 import torch
 
+from ._names import dtype_name
+
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
-_NAMES = {torch.float64: "Double", torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-          torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
 
 
 def _check(a, b, offs, bias, out_dtype):
@@ -31,9 +31,9 @@ def _check(a, b, offs, bias, out_dtype):
     torch._check(a.dim() in (2, 3) and b.dim() in (2, 3),
                  lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={a.dim()} and mat_b.dim()={b.dim()}")
     torch._check(a.dtype in _FLOATS,
-                 lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {_NAMES.get(a.dtype, a.dtype)}")
+                 lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {dtype_name(a.dtype)}")
     torch._check(b.dtype in _FLOATS,
-                 lambda: f"Expected mat_b to be Float32, BFloat16 or Float16 matrix, got {_NAMES.get(b.dtype, b.dtype)}")
+                 lambda: f"Expected mat_b to be Float32, BFloat16 or Float16 matrix, got {dtype_name(b.dtype)}")
     torch._check(a.dtype == b.dtype, lambda: f"Expected mat_a and mat_b to have the same dtype, got {a.dtype} and {b.dtype}")
     torch._check(a.size(-1) == b.size(-2), lambda: "contraction dimension of mat_a and mat_b must match")
     torch._check((offs is not None) == (a.dim() == 2 or b.dim() == 2),

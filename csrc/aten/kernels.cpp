@@ -261,12 +261,12 @@ MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
   };
-  bool has_cpu_scalar = false;
-  for (const auto& v : args) has_cpu_scalar |= v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor());
   try {
     try {
       redispatch_meta(false);
     } catch (const std::exception&) {
+      bool has_cpu_scalar = false;
+      for (const auto& v : args) has_cpu_scalar |= v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor());
       if (!has_cpu_scalar) throw;
       redispatch_meta(true);
     }

@@ -274,7 +274,7 @@ void register_elementwise() {
   // number out of half's range, x + -70000, is not rounded to -inf first)
   auto add_like = [](bool subtract) {
     return [subtract](Ctx& c) -> V {
-      DType t = c.odt(), ct = (t == DType::F16 || t == DType::BF16) ? DType::F32 : t;
+      DType t = c.odt(), ct = compute_type(t);
       Value a = c.in_out(0, ct), b = c.in_out(1, ct);
       if (c.has(2) && !c.num_is(2, 1.0)) b = c.b.mul(b, c.in_out(2, ct));
       return {c.b.convert(subtract ? c.b.sub(a, b) : c.b.add(a, b), t)};
@@ -285,7 +285,7 @@ void register_elementwise() {
   // rsub(a, b, alpha) = b - alpha * a (f16/bf16 in f32, as add)
   for (auto n : {"aten::rsub.Tensor", "aten::rsub.Scalar"})
     add_rule(n, [](Ctx& c) -> V {
-      DType t = c.odt(), ct = (t == DType::F16 || t == DType::BF16) ? DType::F32 : t;
+      DType t = c.odt(), ct = compute_type(t);
       Value a = c.in_out(0, ct), b = c.in_out(1, ct);
       if (c.has(2) && !c.num_is(2, 1.0)) a = c.b.mul(a, c.in_out(2, ct));
       return {c.b.convert(c.b.sub(b, a), t)};
