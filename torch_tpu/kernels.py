@@ -45,14 +45,16 @@ class KernelError(RuntimeError):
 _ELEMENT = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
     torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "ui8",
-    torch.uint32: "ui32", torch.bool: "i1", torch.complex64: "complex<f32>",
+    torch.uint16: "ui16", torch.uint32: "ui32", torch.uint64: "ui64", torch.bool: "i1",
+    torch.complex64: "complex<f32>", torch.complex128: "complex<f64>",
 }
 _TORCH = {v: k for k, v in _ELEMENT.items()}
 # numpy / JAX dtype names
 _NP_TO_TORCH = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
     "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
-    "uint32": torch.uint32, "bool": torch.bool, "complex64": torch.complex64,
+    "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64, "bool": torch.bool,
+    "complex64": torch.complex64, "complex128": torch.complex128,
 }
 _TORCH_TO_NP = {v: k for k, v in _NP_TO_TORCH.items()}
 

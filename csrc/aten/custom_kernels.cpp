@@ -39,9 +39,9 @@ std::vector<std::unique_ptr<const Kernel>> g_kernels;  // id = index; never remo
 hlo::DType dtype_of(const std::string& s) {
   static const std::pair<const char*, hlo::DType> names[] = {
       {"i1", hlo::DType::Pred}, {"i8", hlo::DType::S8},   {"i16", hlo::DType::S16}, {"i32", hlo::DType::S32},
-      {"i64", hlo::DType::S64}, {"ui8", hlo::DType::U8},  {"ui32", hlo::DType::U32}, {"f16", hlo::DType::F16},
+      {"i64", hlo::DType::S64}, {"ui8", hlo::DType::U8},  {"ui16", hlo::DType::U16}, {"ui32", hlo::DType::U32}, {"ui64", hlo::DType::U64}, {"f16", hlo::DType::F16},
       {"bf16", hlo::DType::BF16}, {"f32", hlo::DType::F32}, {"f64", hlo::DType::F64},
-      {"complex<f32>", hlo::DType::C64}};
+      {"complex<f32>", hlo::DType::C64}, {"complex<f64>", hlo::DType::C128}};
   for (const auto& [n, t] : names)
     if (s == n) return t;
   TORCH_CHECK_TYPE(false, "torch_tpu kernels: element type ", s, " is not supported on tpu");
@@ -55,12 +55,15 @@ c10::ScalarType scalar_type(hlo::DType t) {
     case hlo::DType::S32: return c10::kInt;
     case hlo::DType::S64: return c10::kLong;
     case hlo::DType::U8: return c10::kByte;
+    case hlo::DType::U16: return c10::kUInt16;
     case hlo::DType::U32: return c10::kUInt32;
+    case hlo::DType::U64: return c10::kUInt64;
     case hlo::DType::F16: return c10::kHalf;
     case hlo::DType::BF16: return c10::kBFloat16;
     case hlo::DType::F32: return c10::kFloat;
     case hlo::DType::F64: return c10::kDouble;
     case hlo::DType::C64: return c10::kComplexFloat;
+    case hlo::DType::C128: return c10::kComplexDouble;
   }
   return c10::kFloat;
 }

@@ -36,8 +36,11 @@ hlo::DType to_hlo(c10::ScalarType t) {
     case c10::kChar: return hlo::DType::S8;
     case c10::kByte: return hlo::DType::U8;
     case c10::kBool: return hlo::DType::Pred;
+    case c10::kUInt16: return hlo::DType::U16;
     case c10::kUInt32: return hlo::DType::U32;
+    case c10::kUInt64: return hlo::DType::U64;
     case c10::kComplexFloat: return hlo::DType::C64;
+    case c10::kComplexDouble: return hlo::DType::C128;
     default: TORCH_CHECK_TYPE(false, "torch_tpu does not support dtype ", t, " on the tpu device");
   }
 }

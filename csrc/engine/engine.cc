@@ -29,12 +29,15 @@ PJRT_Buffer_Type pjrt_type(DType t) {
     case DType::S32: return PJRT_T_S32;
     case DType::S64: return PJRT_T_S64;
     case DType::U8: return PJRT_T_U8;
+    case DType::U16: return PJRT_T_U16;
     case DType::U32: return PJRT_T_U32;
+    case DType::U64: return PJRT_T_U64;
     case DType::F16: return PJRT_T_F16;
     case DType::BF16: return PJRT_T_BF16;
     case DType::F32: return PJRT_T_F32;
     case DType::F64: return PJRT_T_F64;
     case DType::C64: return PJRT_T_C64;
+    case DType::C128: return PJRT_T_C128;
   }
   return PJRT_T_INVALID;
 }
@@ -116,20 +119,21 @@ Value reinterpret(Builder& b, Value v, DType as) {
   DType from = v.dtype();
   if (from == as) return v;
   // complex64 <-> pairs of float32 (real, imaginary), then any other type from float32
-  if (from == DType::C64) {
+  if (hlo::is_complex(from)) {
     int64_t n = v.shape()[0];
-    Value re = b.reshape(b.emit("real", {v}, Type{DType::F32, {n}}), {n, 1});
-    Value im = b.reshape(b.emit("imag", {v}, Type{DType::F32, {n}}), {n, 1});
+    DType part = hlo::real_part(from);
+    Value re = b.reshape(b.emit("real", {v}, Type{part, {n}}), {n, 1});
+    Value im = b.reshape(b.emit("imag", {v}, Type{part, {n}}), {n, 1});
     return reinterpret(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), as);
   }
-  if (as == DType::C64) {
-    Value f = reinterpret(b, v, DType::F32);
+  if (hlo::is_complex(as)) {
+    Value f = reinterpret(b, v, hlo::real_part(as));
     int64_t n = f.shape()[0];
     if (n % 2 != 0) throw rt::Error("tpu storage size is not a multiple of the element size");
     Value pairs = b.reshape(f, {n / 2, 2});
     Value re = b.reshape(b.slice(pairs, {0, 0}, {n / 2, 1}, {1, 1}), {n / 2});
     Value im = b.reshape(b.slice(pairs, {0, 1}, {n / 2, 2}, {1, 1}), {n / 2});
-    return b.emit("complex", {re, im}, Type{DType::C64, {n / 2}});
+    return b.emit("complex", {re, im}, Type{as, {n / 2}});
   }
   if (from == DType::Pred || as == DType::Pred) {
     if (from == DType::Pred) v = b.convert(v, DType::U8);
@@ -698,7 +702,7 @@ rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) 
   key += std::to_string(device);
   auto it = scalars_.find(key);
   if (it != scalars_.end()) return it->second;
-  unsigned char buf[8] = {0};
+  unsigned char buf[16] = {0};
   auto put = [&](auto x) { std::memcpy(buf, &x, sizeof x); };
   switch (t) {
     case DType::Pred: put(static_cast<uint8_t>(v != 0)); break;
@@ -706,7 +710,9 @@ rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) 
     case DType::U8: put(static_cast<uint8_t>(v)); break;
     case DType::S16: put(static_cast<int16_t>(v)); break;
     case DType::S32: put(static_cast<int32_t>(v)); break;
+    case DType::U16: put(static_cast<uint16_t>(static_cast<int64_t>(v))); break;
     case DType::U32: put(static_cast<uint32_t>(static_cast<int64_t>(v))); break;
+    case DType::U64: put(v >= 9.2233720368547758e18 ? static_cast<uint64_t>(v) : static_cast<uint64_t>(static_cast<int64_t>(v))); break;
     case DType::S64: put(static_cast<int64_t>(v)); break;
     case DType::F32: put(static_cast<float>(v)); break;
     case DType::F64: put(v); break;
@@ -729,6 +735,11 @@ rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) 
     case DType::C64: {
       float c[2] = {static_cast<float>(v), 0.f};
       std::memcpy(buf, c, 8);
+      break;
+    }
+    case DType::C128: {
+      double c[2] = {v, 0.0};
+      std::memcpy(buf, c, 16);
       break;
     }
   }

@@ -15,12 +15,15 @@ const char* mlir_name(DType t) {
     case DType::S32: return "i32";
     case DType::S64: return "i64";
     case DType::U8: return "ui8";
+    case DType::U16: return "ui16";
     case DType::U32: return "ui32";
+    case DType::U64: return "ui64";
     case DType::F16: return "f16";
     case DType::BF16: return "bf16";
     case DType::F32: return "f32";
     case DType::F64: return "f64";
     case DType::C64: return "complex<f32>";
+    case DType::C128: return "complex<f64>";
   }
   return "?";
 }
@@ -28,16 +31,19 @@ const char* mlir_name(DType t) {
 int64_t itemsize(DType t) {
   switch (t) {
     case DType::Pred: case DType::S8: case DType::U8: return 1;
-    case DType::S16: case DType::F16: case DType::BF16: return 2;
+    case DType::S16: case DType::U16: case DType::F16: case DType::BF16: return 2;
     case DType::S32: case DType::U32: case DType::F32: return 4;
-    case DType::S64: case DType::F64: case DType::C64: return 8;
+    case DType::S64: case DType::U64: case DType::F64: case DType::C64: return 8;
+    case DType::C128: return 16;
   }
   return 0;
 }
 
 bool is_float(DType t) { return t == DType::F16 || t == DType::BF16 || t == DType::F32 || t == DType::F64; }
-bool is_complex(DType t) { return t == DType::C64; }
-bool is_unsigned(DType t) { return t == DType::U8 || t == DType::U32; }
+bool is_complex(DType t) { return t == DType::C64 || t == DType::C128; }
+bool is_unsigned(DType t) { return t == DType::U8 || t == DType::U16 || t == DType::U32 || t == DType::U64; }
+DType real_part(DType t) { return t == DType::C128 ? DType::F64 : t == DType::C64 ? DType::F32 : t; }
+DType complex_of(DType t) { return t == DType::F64 || t == DType::C128 ? DType::C128 : DType::C64; }
 bool is_int(DType t) { return !is_float(t) && !is_complex(t) && t != DType::Pred; }
 
 int64_t numel(const Shape& s) {
@@ -251,7 +257,7 @@ Value Builder::constant(double v, DType t, const Shape& shape) {
   std::string lit;
   if (is_float(t)) lit = float_literal(v, t);
   else if (t == DType::Pred) lit = v != 0 ? "true" : "false";
-  else if (t == DType::C64) lit = "(" + float_literal(v, DType::F32) + ", 0x00000000)";
+  else if (is_complex(t)) lit = "(" + float_literal(v, real_part(t)) + ", " + float_literal(0.0, real_part(t)) + ")";
   else  // an integer type: truncated (NaN: 0; beyond int64: its bound), then wrapped by constant_int
     return constant_int(std::isnan(v) ? 0 : v >= 9.2233720368547758e18 ? INT64_MAX : v <= -9.2233720368547758e18 ? INT64_MIN
                                                                                                           : static_cast<int64_t>(v),
@@ -261,14 +267,14 @@ Value Builder::constant(double v, DType t, const Shape& shape) {
 }
 
 Value Builder::constant_int(int64_t v, DType t, const Shape& shape) {
-  if (is_float(t) || t == DType::C64) return constant(static_cast<double>(v), t, shape);
+  if (is_float(t) || is_complex(t)) return constant(static_cast<double>(v), t, shape);
   if (dry_) return fresh(Type{t, shape});
   Type ty{t, shape};
   // v wrapped to the type's width, as a C++ conversion does (the literal must fit the type)
   int bits = static_cast<int>(8 * itemsize(t));
   std::string lit;
   if (t == DType::Pred) lit = v ? "true" : "false";
-  else if (bits == 64) lit = std::to_string(v);
+  else if (bits == 64) lit = t == DType::U64 ? std::to_string(static_cast<uint64_t>(v)) : std::to_string(v);
   else {
     uint64_t u = static_cast<uint64_t>(v) & ((uint64_t{1} << bits) - 1);
     bool neg = !is_unsigned(t) && (u >> (bits - 1));
@@ -284,7 +290,7 @@ Value Builder::lowest(DType t) {
     case DType::S16: return constant_int(INT16_MIN, t);
     case DType::S32: return constant_int(INT32_MIN, t);
     case DType::S64: return constant_int(INT64_MIN, t);
-    case DType::U8: case DType::U32: return constant_int(0, t);
+    case DType::U8: case DType::U16: case DType::U32: case DType::U64: return constant_int(0, t);
     default: return constant(-std::numeric_limits<double>::infinity(), t);
   }
 }
@@ -297,7 +303,9 @@ Value Builder::highest(DType t) {
     case DType::S32: return constant_int(INT32_MAX, t);
     case DType::S64: return constant_int(INT64_MAX, t);
     case DType::U8: return constant_int(255, t);
+    case DType::U16: return constant_int(UINT16_MAX, t);
     case DType::U32: return constant_int(UINT32_MAX, t);
+    case DType::U64: return constant_int(-1, t);  // all ones: UINT64_MAX
     default: return constant(std::numeric_limits<double>::infinity(), t);
   }
 }
@@ -310,7 +318,7 @@ Value Builder::constant_array(const std::vector<int64_t>& v, DType t) {
 }
 
 Value Builder::constant_array(const std::vector<double>& v, DType t) {
-  if (!is_float(t) && t != DType::C64) {  // integer literals, truncated
+  if (!is_float(t) && !is_complex(t)) {  // integer literals, truncated
     std::vector<int64_t> iv;
     for (double x : v) iv.push_back(std::isnan(x) ? 0 : static_cast<int64_t>(std::max(-9.2e18, std::min(9.2e18, x))));
     return constant_array(iv, t);
@@ -319,7 +327,9 @@ Value Builder::constant_array(const std::vector<double>& v, DType t) {
   if (v.empty()) return zeros(t, ty.shape);
   if (dry_) return fresh(ty);
   std::string lits;
-  for (size_t i = 0; i < v.size(); ++i) lits += (i ? ", " : "") + float_literal(v[i], t);
+  for (size_t i = 0; i < v.size(); ++i)
+    lits += (i ? ", " : "") + (is_complex(t) ? "(" + float_literal(v[i], real_part(t)) + ", " + float_literal(0.0, real_part(t)) + ")"
+                                             : float_literal(v[i], t));
   return emit("constant", {}, ty, "value = dense<[" + lits + "]> : " + ty.str());
 }
 
@@ -329,7 +339,10 @@ Value Builder::iota(DType t, const Shape& s, int64_t dim) {
 }
 
 // ---------------------------------------------------------------- elementwise
-Value Builder::unary(const std::string& n, Value x) { return emit(n, {x}, x.type); }
+Value Builder::unary(const std::string& n, Value x) {
+  if (n == "abs" && is_complex(x.dtype())) return emit(n, {x}, Type{real_part(x.dtype()), x.shape()});  // |re + i im|
+  return emit(n, {x}, x.type);
+}
 
 Value Builder::binary(const std::string& n, Value a, Value b) {
   if (a.type != b.type)

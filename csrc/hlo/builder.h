@@ -12,12 +12,16 @@
 
 namespace tt::hlo {
 
-enum class DType { Pred, S8, S16, S32, S64, U8, U32, F16, BF16, F32, F64, C64 };
+enum class DType { Pred, S8, S16, S32, S64, U8, U32, F16, BF16, F32, F64, C64, U16, U64, C128 };
 
 const char* mlir_name(DType t);  // "f32", "i1", "ui32", "complex<f32>"
 int64_t itemsize(DType t);
 bool is_float(DType t);    // f16, bf16, f32, f64
 bool is_complex(DType t);
+// The part type of a complex type (C64 -> F32, C128 -> F64), and the complex type
+// whose parts are a real type (F64 -> C128, any other -> C64).
+DType real_part(DType t);
+DType complex_of(DType t);
 bool is_int(DType t);      // signed or unsigned integer, not pred
 bool is_unsigned(DType t);
 

@@ -174,12 +174,15 @@ const char* torch_dtype_name(DType t) {
     case DType::S32: return "Int";
     case DType::S64: return "Long";
     case DType::U8: return "Byte";
+    case DType::U16: return "UInt16";
     case DType::U32: return "UInt32";
+    case DType::U64: return "UInt64";
     case DType::F16: return "Half";
     case DType::BF16: return "BFloat16";
     case DType::F32: return "Float";
     case DType::F64: return "Double";
     case DType::C64: return "ComplexFloat";
+    case DType::C128: return "ComplexDouble";
   }
   return "?";
 }

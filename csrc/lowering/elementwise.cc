@@ -356,6 +356,7 @@ void register_elementwise() {
   // sinh(x) = sign(x) (e^a - e^-a) / 2, a = |x|: by expm1 below 1 (no cancellation);
   // cosh(x) = (e^a + e^-a) / 2; above a = 20 both (e^(a/2) / 2) e^(a/2), finite as long as the result is
   add_rule("aten::sinh", unary_fn([](Builder& b, Value x) {
+    if (hlo::is_complex(x.dtype())) throw Unsupported("sinh of a complex tensor (real formula)");
     Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
     Value tiny = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential_minus_one", a), b.unary("exponential_minus_one", b.neg(a))));
     Value mid = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
@@ -364,6 +365,7 @@ void register_elementwise() {
     return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
   }));
   add_rule("aten::cosh", unary_fn([](Builder& b, Value x) {
+    if (hlo::is_complex(x.dtype())) throw Unsupported("cosh of a complex tensor (real formula)");
     Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
     Value mid = b.mul(k(b, 0.5, x), b.add(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
     return b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid);
@@ -388,6 +390,7 @@ void register_elementwise() {
   // acosh = log1p((x - 1) + sqrt((x - 1)(x + 1))), both log(a) + log 2 for large a
   // (where a^2 would overflow); atanh = 0.5 * log1p(2x / (1 - x))
   add_rule("aten::asinh", unary_fn([](Builder& b, Value x) {
+    if (hlo::is_complex(x.dtype())) throw Unsupported("asinh of a complex tensor (real formula)");
     Value a = b.unary("abs", x);
     Value big = b.compare(a, k(b, large_arg(x.dtype()), x), Cmp::GT);
     Value as = b.select(big, k(b, 1, x), a);
@@ -409,18 +412,19 @@ void register_elementwise() {
     if (hlo::is_complex(x.dtype())) {
       // complex, as CPU: (lo, hi) ordered by real part; NaN in lo -> NaN; lo.re = hi.re = -inf -> lo;
       // +inf -> log(exp(lo) + exp(hi)); else hi + log1p(exp(lo - hi))
-      Type f{DType::F32, x.shape()};
+      DType part = hlo::real_part(x.dtype());
+      Type f{part, x.shape()};
       Value xr = b.emit("real", {x}, f), yr = b.emit("real", {y}, f);
       Value x_lo = b.compare(xr, yr, Cmp::LT);
       Value lo = b.select(x_lo, x, y), hi = b.select(x_lo, y, x);
       Value lr = b.emit("real", {lo}, f), li = b.emit("imag", {lo}, f), hr = b.emit("real", {hi}, f);
       Value nan_lo = b.binary("or", b.compare(lr, lr, Cmp::NE), b.compare(li, li, Cmp::NE));
-      Value inf_eq = b.binary("and", b.compare(lr, hr, Cmp::EQ), b.compare(b.unary("abs", lr), b.constant(INFINITY, DType::F32, x.shape()), Cmp::EQ));
-      Value neg = b.compare(lr, b.zeros(DType::F32, x.shape()), Cmp::LT);
+      Value inf_eq = b.binary("and", b.compare(lr, hr, Cmp::EQ), b.compare(b.unary("abs", lr), b.constant(INFINITY, part, x.shape()), Cmp::EQ));
+      Value neg = b.compare(lr, b.zeros(part, x.shape()), Cmp::LT);
       Value general = b.add(hi, b.unary("log_plus_one", b.unary("exponential", b.sub(lo, hi))));
       Value pinf = b.unary("log", b.add(b.unary("exponential", lo), b.unary("exponential", hi)));
       Value r = b.select(inf_eq, b.select(neg, lo, pinf), general);
-      Value qnan = b.constant(NAN, DType::F32, x.shape());
+      Value qnan = b.constant(NAN, part, x.shape());
       return b.select(nan_lo, b.emit("complex", {qnan, qnan}, x.type), r);
     }
     Value m = b.max(x, y);
@@ -487,11 +491,19 @@ void register_elementwise() {
     Value px = b.mul(x, k(b, M_PI, x));
     return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 1, x), b.div(b.unary("sine", px), px));
   }));
-  // angle(x) for real x = isnan(x) ? x : x < 0 ? pi : 0
-  add_rule("aten::angle", unary_fn([](Builder& b, Value x) {
-    Value a = b.select(b.compare(x, k(b, 0, x), Cmp::LT), k(b, M_PI, x), k(b, 0, x));
-    return b.select(b.compare(x, x, Cmp::NE), x, a);
-  }));
+  // angle(x): atan2(im, re) for complex x; for real x isnan(x) ? x : x < 0 ? pi : 0
+  add_rule("aten::angle", [](Ctx& c) -> V {
+    Value x = c.in(0);
+    if (hlo::is_complex(x.dtype())) {
+      Type f{hlo::real_part(x.dtype()), x.shape()};
+      return {c.b.convert(c.b.binary("atan2", c.b.emit("imag", {x}, f), c.b.emit("real", {x}, f)), c.odt())};
+    }
+    static const Rule real = unary_fn([](Builder& b, Value v) {
+      Value a = b.select(b.compare(v, k(b, 0, v), Cmp::LT), k(b, M_PI, v), k(b, 0, v));
+      return b.select(b.compare(v, v, Cmp::NE), v, a);
+    });
+    return real(c);
+  });
   // nextafter(x, y): the bits of x stepped by one towards y (NaN if either is
   // NaN, y if x == y, the smallest subnormal with y's sign if x == 0)
   add_rule("aten::nextafter", [](Ctx& c) -> V {
@@ -607,6 +619,26 @@ void register_elementwise() {
   for (auto [n, op] : {std::pair{"and", "and"}, {"or", "or"}, {"xor", "xor"}}) {
     add_rule(std::string("aten::bitwise_") + n + ".Tensor", binary(op));
     add_rule(std::string("aten::bitwise_") + n + ".Scalar", binary(op));
+  }
+  // Shifts of integers. StableHLO's out-of-range amounts (< 0 or >= the bit width)
+  // give what CPU gives: 0 for a left shift, the sign fill for a right shift
+  // (arithmetic for signed types, logical, i.e. 0, for unsigned ones). CPU has no
+  // float or bool shifts: those run the fallback, which raises CPU's error.
+  auto shift = [](bool left) -> Rule {
+    return [left](Ctx& c) -> V {
+      DType t = c.odt();
+      if (!hlo::is_int(t)) throw Unsupported("shift of a non-integer tensor");
+      const char* op = left ? "shift_left" : hlo::is_unsigned(t) ? "shift_right_logical" : "shift_right_arithmetic";
+      return {c.b.binary(op, c.in_out(0, t), c.in_out(1, t))};
+    };
+  };
+  for (bool left : {true, false}) {
+    std::string dunder = left ? "aten::__lshift__" : "aten::__rshift__";
+    std::string idunder = left ? "aten::__ilshift__" : "aten::__irshift__";  // in place (x <<= n)
+    std::string named = left ? "aten::bitwise_left_shift" : "aten::bitwise_right_shift";
+    for (const std::string& n : {dunder + ".Tensor", dunder + ".Scalar", idunder + ".Tensor", idunder + ".Scalar",
+                                 named + ".Tensor", named + ".Tensor_Scalar"})
+      add_rule(n, shift(left));
   }
 
   // ---- where / masked_fill / fill

@@ -47,7 +47,7 @@ std::vector<int64_t> dims_of(const Ctx& c, size_t i, int64_t rank) {
 Value c2c(Builder& b, Value x, const std::vector<int64_t>& dims, bool forward) {
   for (int64_t d : dims) {
     int64_t n = x.shape()[d];
-    x = fft1(b, x, d, forward ? "FFT" : "IFFT", n, DType::C64, n);
+    x = fft1(b, x, d, forward ? "FFT" : "IFFT", n, x.dtype(), n);
     if (!forward) x = scale(b, x, static_cast<double>(n));
   }
   return x;
@@ -58,28 +58,30 @@ void register_fft() {
   // complex(re, im) = re + i im ; polar(r, t) = r cos t + i r sin t
   add_rule("aten::complex", [](Ctx& c) -> V {
     // CPU's checks: equal part dtypes, and (out=) the complex type of theirs
-    if (c.in(0).dtype() != c.in(1).dtype() || c.in(0).dtype() != DType::F32)
-      throw UserError("complex: real and imag parts must both be float32 for a complex64 result");
-    Value re = c.in_out(0, DType::F32), im = c.in_out(1, DType::F32);
-    return {c.b.emit("complex", {re, im}, Type{DType::C64, c.oshape()})};
+    DType part = hlo::real_part(c.odt());
+    if (c.in(0).dtype() != c.in(1).dtype() || !hlo::is_complex(c.odt()) || c.in(0).dtype() != part)
+      throw UserError("complex: real and imag parts must both be float32 (float64) for a complex64 (complex128) result");
+    Value re = c.in_out(0, part), im = c.in_out(1, part);
+    return {c.b.emit("complex", {re, im}, Type{c.odt(), c.oshape()})};
   });
   add_rule("aten::polar", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value r = c.in_out(0, DType::F32), t = c.in_out(1, DType::F32);
-    return {b.emit("complex", {b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))}, Type{DType::C64, c.oshape()})};
+    DType part = hlo::real_part(c.odt());
+    Value r = c.in_out(0, part), t = c.in_out(1, part);
+    return {b.emit("complex", {b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))}, Type{c.odt(), c.oshape()})};
   });
   // conj_physical(x) = re(x) - i im(x) (real x unchanged)
   add_rule("aten::conj_physical", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
-    if (x.dtype() != DType::C64) return {x};
-    Type f{DType::F32, x.shape()};
+    if (!hlo::is_complex(x.dtype())) return {x};
+    Type f{hlo::real_part(x.dtype()), x.shape()};
     return {b.emit("complex", {b.emit("real", {x}, f), b.neg(b.emit("imag", {x}, f))}, x.type)};
   });
   // _fft_c2c(x, dim, norm, forward) = DFT (or inverse DFT, unscaled) over dim, times norm
   add_rule("aten::_fft_c2c", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x = b.convert(c.in(0), DType::C64);
+    Value x = b.convert(c.in(0), hlo::complex_of(c.odt()));
     auto dims = dims_of(c, 1, x.rank());
     double n = 1;
     for (int64_t d : dims) n *= static_cast<double>(x.shape()[d]);
@@ -88,25 +90,27 @@ void register_fft() {
   // _fft_r2c(x, dim, norm, onesided) = DFT of real x over dim (last dim halved when onesided), times norm
   add_rule("aten::_fft_r2c", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x = b.convert(c.in(0), DType::F32);
+    DType ct = hlo::complex_of(c.odt());
+    Value x = b.convert(c.in(0), hlo::real_part(ct));
     auto dims = dims_of(c, 1, x.rank());
     double n = 1;
     for (int64_t d : dims) n *= static_cast<double>(x.shape()[d]);
     Value y;
     if (c.flag(3)) {
       int64_t last = dims.back(), len = x.shape()[last];
-      y = fft1(b, x, last, "RFFT", len, DType::C64, len / 2 + 1);
+      y = fft1(b, x, last, "RFFT", len, ct, len / 2 + 1);
       dims.pop_back();
       y = c2c(b, y, dims, true);
     } else {
-      y = c2c(b, b.convert(x, DType::C64), dims, true);
+      y = c2c(b, b.convert(x, ct), dims, true);
     }
     return {scale(b, y, norm_factor(c.int_(2), n))};
   });
   // _fft_c2r(x, dim, norm, n_last) = real inverse DFT (unscaled) over dim, last dim of length n_last, times norm
   add_rule("aten::_fft_c2r", [](Ctx& c) -> V {
     Builder& b = c.b;
-    Value x = b.convert(c.in(0), DType::C64);
+    DType ct = hlo::complex_of(c.odt());
+    Value x = b.convert(c.in(0), ct);
     auto dims = dims_of(c, 1, x.rank());
     int64_t last = dims.back(), len = c.int_(3);
     double n = static_cast<double>(len);
@@ -122,9 +126,9 @@ void register_fft() {
     } else if (have < bins) {
       Shape lo(x.rank(), 0), hi(x.rank(), 0), in(x.rank(), 0);
       hi[last] = bins - have;
-      x = b.pad(x, b.zeros(DType::C64, {}), lo, hi, in);
+      x = b.pad(x, b.zeros(ct, {}), lo, hi, in);
     }
-    Value y = fft1(b, x, last, "IRFFT", len, DType::F32, len);
+    Value y = fft1(b, x, last, "IRFFT", len, hlo::real_part(ct), len);
     return {scale(b, scale(b, y, static_cast<double>(len)), norm_factor(c.int_(2), n))};
   });
 }

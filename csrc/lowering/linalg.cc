@@ -271,7 +271,15 @@ void register_linalg() {
   add_rule("aten::mm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kMM, c.odt())}; });
   add_rule("aten::bmm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kBMM, c.odt())}; });
   add_rule("aten::dot", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });
-  add_rule("aten::vdot", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });
+  // vdot(a, b) = sum(conj(a) * b)
+  add_rule("aten::vdot", [](Ctx& c) -> V {
+    Value a = c.in(0);
+    if (hlo::is_complex(a.dtype())) {
+      Type f{hlo::real_part(a.dtype()), a.shape()};
+      a = c.b.emit("complex", {c.b.emit("real", {a}, f), c.b.neg(c.b.emit("imag", {a}, f))}, a.type);
+    }
+    return {matmul(c, a, c.in(1), {{}, {}, {0}, {0}}, c.odt())};
+  });
   add_rule("aten::mv", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {1}, {0}}, c.odt())}; });
   // addmm(self, m1, m2, beta, alpha) = beta self + alpha m1 @ m2
   add_rule("aten::addmm", [](Ctx& c) -> V {
@@ -288,6 +296,16 @@ void register_linalg() {
     Value p = matmul(c, c.in(1), c.in(2), {{}, {}, {0, 2}, {0, 1}}, c.odt());
     return {scale_add(c, p, 0, 3, 4)};
   });
+  // The factorizations below (Cholesky, triangular solves, LU and what is built on
+  // it) are written for real matrices: complex ones run on the CPU fallback.
+  auto add_rule = [](const std::string& name, Rule r) {
+    lower::add_rule(name, [r](Ctx& c) -> V {
+      for (size_t i = 0; i < c.nargs(); ++i)
+        if (c.arg(i).kind == Arg::Tensor && c.has(i) && hlo::is_complex(c.in(i).dtype()))
+          throw Unsupported("complex matrices in a factorization");
+      return r(c);
+    });
+  };
   // linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or the first
   // failing order where the factor is not finite)
   add_rule("aten::linalg_cholesky_ex", [](Ctx& c) -> V {

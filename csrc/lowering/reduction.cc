@@ -67,7 +67,9 @@ Rule arg_extreme(bool is_max, bool with_values) {
 // vector norm of x over dims (ord at p_arg, None = 2): sum(|x|^p)^(1/p); inf: max|x|; 0: count of nonzeros
 Value vector_norm(Ctx& c, size_t p_arg, size_t dim_arg) {
   Builder& b = c.b;
-  Value x = b.unary("abs", b.convert(c.in(0), compute_type(c.odt())));
+  Value in = c.in(0);  // |x| first: a complex x has a real norm
+  Value x = hlo::is_complex(in.dtype()) ? b.convert(b.unary("abs", in), compute_type(c.odt()))
+                                        : b.unary("abs", b.convert(in, compute_type(c.odt())));
   double p = c.num_or(p_arg, 2.0);
   auto dims = reduce_dims(c, dim_arg, x.rank());
   if (std::isinf(p)) return reduce_extreme(b, x, dims, p > 0);
@@ -108,8 +110,14 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
                                                  for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
                                                  return all;
                                                }()));
-  Value ss = b.reduce(b.mul(centered, centered), b.zeros(x.dtype(), {}), dims, "add");
-  Value var = b.div(ss, b.constant(std::max(n - corr, 0.0), x.dtype(), ss.shape()));
+  Value sq = b.mul(centered, centered);
+  if (hlo::is_complex(x.dtype())) {  // |x - mean|^2 = re^2 + im^2: a real variance
+    Type f{hlo::real_part(x.dtype()), x.shape()};
+    Value re = b.emit("real", {centered}, f), im = b.emit("imag", {centered}, f);
+    sq = b.add(b.mul(re, re), b.mul(im, im));
+  }
+  Value ss = b.reduce(sq, b.zeros(sq.dtype(), {}), dims, "add");
+  Value var = b.div(ss, b.constant(std::max(n - corr, 0.0), sq.dtype(), ss.shape()));
   return {var, mean};
 }
 
@@ -164,6 +172,7 @@ void register_reduction() {
   // logsumexp(x) = m + log(sum(exp(x - m))), m = max (0 where infinite)
   add_rule("aten::logsumexp", [](Ctx& c) -> V {
     Builder& b = c.b;
+    if (hlo::is_complex(c.in(0).dtype())) throw Unsupported("logsumexp of a complex tensor");
     Value x = b.convert(c.in(0), compute_type(c.odt()));
     auto dims = reduce_dims(c, 1, x.rank());
     std::vector<int64_t> all;
@@ -208,6 +217,7 @@ void register_reduction() {
   // renorm(x, p, dim, maxnorm): each slice along dim with p-norm > maxnorm scaled by maxnorm / (norm + 1e-7)
   add_rule("aten::renorm", [](Ctx& c) -> V {
     Builder& b = c.b;
+    if (hlo::is_complex(c.in(0).dtype())) throw Unsupported("renorm of a complex tensor");
     DType t = compute_type(c.odt());
     Value x = b.convert(c.in(0), t);
     if (x.rank() == 0) throw Unsupported("renorm of a 0-dim tensor");

@@ -71,9 +71,7 @@ EXPECTED_FAIL = {
     "sparse.sampled_addmm": "sparse layouts are not supported on tpu",
     "sparse.mm.reduce": "sparse layouts are not supported on tpu",
     "to_sparse": "sparse layouts are not supported on tpu",
-    "cdouble": "complex128 is not supported on tpu (complex64 is)",
     "chalf": "complex32 is not supported on tpu",
-    "hash_tensor": "uint64 is not supported on tpu",
     "tensor_split": "this harness moves the CPU-only index tensor of the sample to tpu; PyTorch requires it on CPU",
     "as_strided.partial_views": "the sample reads storage outside its view, which .to('tpu') does not copy",
     "native_batch_norm": "eval samples: PyTorch's Meta kernel sizes save_mean/save_invstd [C], its CPU kernel [0]",
@@ -84,7 +82,6 @@ EXPECTED_FAIL = {
 _OVERLAP = ("memory-overlap checks between an out= tensor and the inputs are not made (tpu computes the result "
             "as if the inputs were copied first)")
 _DATA_CHECK = "index values are data on the device; out-of-range indices are not checked (docs/STATUS.md)"
-_C128 = "complex128 is not supported on tpu: the sample's complex128 tensor cannot be moved there"
 EXPECTED_ERROR_FAIL = {
     ("kthvalue", "unsupported operation"): _OVERLAP,
     ("masked_select", "unsupported operation"): _OVERLAP,
@@ -97,9 +94,6 @@ EXPECTED_ERROR_FAIL = {
     ("gather", "index 23 is out of bounds for dimension"): _DATA_CHECK,
     ("scatter", "index 34 is out of bounds for dimension 0 with size 3"): _DATA_CHECK,
     ("scatter_add", "index 34 is out of bounds for dimension 0 with size 3"): _DATA_CHECK,
-    ("nn.functional.conv1d", "should be the same"): _C128,
-    ("nn.functional.conv2d", "should be the same"): _C128,
-    ("nn.functional.conv3d", "should be the same"): _C128,
     ("logcumsumexp", "Dimension out of range"): "an op whose outputs are all empty skips its rule, and with it the "
                                                 "dim check the Meta kernel leaves out",
 }
@@ -108,6 +102,7 @@ EXPECTED_ERROR_FAIL = {
 EXPECTED_GRAD_FAIL = {
 }
 
+_RANDOM_PROJECTION = "random: the projection is drawn by the device's generator (CPU and tpu generators differ)"
 _TIES = "the order of equal elements is unspecified (CPU and tpu pick different ones among ties)"
 _CPU_BF16_STATS = "CPU returns bfloat16 mean/invstd for bfloat16 input; CUDA and PyTorch's Meta kernel (which tpu follows) float32"
 _BF16_SUMS = "bfloat16 products accumulated in another order than CPU's kernel; differences exceed bf16 tolerance"
@@ -123,6 +118,8 @@ EXPECTED_FAIL_BY_DTYPE = {
     torch.uint8: {"topk": _TIES, "kthvalue": _TIES, "sort": _TIES, "argsort": _TIES},
     torch.int8: {"topk": _TIES, "kthvalue": _TIES, "sort": _TIES, "argsort": _TIES},
     torch.int16: {"topk": _TIES, "kthvalue": _TIES, "sort": _TIES, "argsort": _TIES},
+    torch.complex64: {"svd_lowrank": _RANDOM_PROJECTION, "pca_lowrank": _RANDOM_PROJECTION},
+    torch.complex128: {"svd_lowrank": _RANDOM_PROJECTION, "pca_lowrank": _RANDOM_PROJECTION},
     torch.bool: {"sort": _TIES, "argsort": _TIES,
                  "special.zeta": "zeta(x, q) at the poles x = 1 / q = 0 of bool inputs: inf vs nan"},
 }
@@ -134,10 +131,8 @@ _FLOAT_TO_INT = ("float -> integer conversion of NaN, inf and out-of-range value
 _CASTS = {n: _FLOAT_TO_INT for n in ("byte", "char", "short", "int", "long")}
 # beyond CI's 3 extremal inputs per entry: failures of the full reference sweep (TORCH_TPU_OPINFO_FULL=1)
 _FULL_ONLY = {
-    "addcmul": "some reference inputs are complex128, which tpu does not support",
-    "addcdiv": "some reference inputs are complex128, which tpu does not support",
     "nn.functional.scaled_dot_product_attention": "random: samples with dropout_p > 0 (CPU and tpu generators differ)",
-    "svd_lowrank": "random: the projection is drawn by the device's generator (CPU and tpu generators differ)",
+    "svd_lowrank": _RANDOM_PROJECTION,
     "nn.functional.interpolate.bilinear": "source coordinates rounded in float32 as on CPU, but not bit-identically: "
                                           "at 345 -> 270 rows the blend weights differ by ~1e-5 (both results are "
                                           "~9e-5 from float64), beyond the 1e-4 tolerance",
@@ -184,7 +179,7 @@ def _flat(x):
     return [x]
 
 
-TOL = {torch.float32: 1e-4, torch.complex64: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float64: 1e-4}
+TOL = {torch.float32: 1e-4, torch.complex64: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float64: 1e-4, torch.complex128: 1e-4}
 
 
 def _compare(a, b, tol=1e-4):
@@ -501,7 +496,9 @@ def grad_summary(results):
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool,
-          "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16}
+          "uint8": torch.uint8, "int8": torch.int8, "int16": torch.int16, "uint16": torch.uint16,
+          "uint32": torch.uint32, "uint64": torch.uint64, "complex64": torch.complex64,
+          "complex128": torch.complex128, "float64": torch.float64}
 
 
 def main():

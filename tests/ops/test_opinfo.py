@@ -2,7 +2,9 @@
 runs the entries whose name contains "add"):
 
   values      sample inputs in float32 (with input gradients), bfloat16, int64,
-              bool, uint8, int8 and int16;
+              bool, uint8, int8, int16, uint16, uint32, uint64 (PyTorch's CPU
+              kernels implement these three for few entries), complex64 and
+              complex128;
   reference   extremal reference inputs (nan/inf, large, empty/0-d) in float32
               and bfloat16;
   errors      each entry's error inputs: the exception type CPU raises, with a
@@ -31,14 +33,16 @@ FULL = os.environ.get("TORCH_TPU_OPINFO_FULL", "") not in ("", "0")
 SAMPLES = 1000 if FULL else int(os.environ.get("TORCH_TPU_OPINFO_SAMPLES", "2"))
 REF_SAMPLES = 0 if FULL else 3  # 0: every reference input
 
-VALUE_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.int8, torch.int16]
+VALUE_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.uint8, torch.int8, torch.int16,
+                torch.uint16, torch.uint32, torch.uint64, torch.complex64, torch.complex128]
 REFERENCE_DTYPES = [torch.float32, torch.bfloat16]
 
 # Native passes measured when these guards were set; raise them as ops are added.
 NATIVE_PASS_BASELINE = {
     ("values", torch.float32): 579, ("values", torch.bfloat16): 489, ("values", torch.int64): 431,
     ("values", torch.bool): 318, ("values", torch.uint8): 416, ("values", torch.int8): 416,
-    ("values", torch.int16): 418,
+    ("values", torch.int16): 418, ("values", torch.uint16): 26, ("values", torch.uint32): 26,
+    ("values", torch.uint64): 25, ("values", torch.complex64): 303, ("values", torch.complex128): 303,
     ("reference", torch.float32): 408, ("reference", torch.bfloat16): 357,
 }
 GRAD_PASS_BASELINE = 478  # float32 entries whose input gradients match with no CPU fallback

@@ -225,9 +225,61 @@ def test_complex_python_scalars(fn, dtype, no_fallback):
     assert r.dtype == torch.complex64
 
 
-def test_uint16_is_a_clear_type_error():
-    with pytest.raises(TypeError, match="does not support dtype UInt16"):
-        torch.ones(2, dtype=torch.uint16).to("tpu")
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64], ids=str)
+def test_wide_unsigned_dtypes(dtype, no_fallback):
+    top = {torch.uint16: 2**16 - 1, torch.uint32: 2**32 - 1, torch.uint64: 2**63 + 5}[dtype]
+    a = torch.tensor([0, 1, 7, top], dtype=dtype)
+    t = a.to("tpu")
+    assert t.dtype == dtype and t.cpu().tolist() == a.tolist()  # round trip, values above the signed range
+    assert t.max().item() == top and t.min().item() == 0
+    assert torch.equal((t == a.to("tpu")).cpu(), torch.ones(4, dtype=torch.bool))
+    assert torch.equal(torch.sort(t.flip(0)).values.cpu(), a)
+    assert torch.equal((t & 6).cpu(), a & 6) and torch.equal((t | 8).cpu(), a | 8)
+    assert torch.equal(t.to(torch.int64).cpu(), a.to(torch.int64))
+    assert torch.equal(torch.zeros(3, dtype=dtype, device="tpu").cpu(), torch.zeros(3, dtype=dtype))
+    bits = {torch.uint16: 16, torch.uint32: 32, torch.uint64: 64}[dtype]
+    # CPU has no add for these types (CUDA has): modular arithmetic is the reference
+    assert (t + 1).cpu().tolist() == [(v + 1) % 2**bits for v in a.tolist()]
+    assert (t * 3).cpu().tolist() == [(v * 3) % 2**bits for v in a.tolist()]
+
+
+def test_complex128(no_fallback):
+    x = torch.randn(4, 3, dtype=torch.complex128)
+    r = torch.randn(8, dtype=torch.float64)
+    xt, rt = x.to("tpu"), r.to("tpu")
+    for got, want in [(xt * xt, x * x), (xt @ xt.T, x @ x.T), (xt.exp(), x.exp()), (xt.sum(0), x.sum(0)),
+                      (torch.fft.fft(xt), torch.fft.fft(x)), (torch.fft.rfft(rt), torch.fft.rfft(r)),
+                      (torch.complex(rt, rt), torch.complex(r, r)), (1j * rt, 1j * r),
+                      (xt.conj_physical(), x.conj_physical()), (torch.view_as_real(xt), torch.view_as_real(x))]:
+        assert got.dtype == want.dtype and got.device.type == "tpu"
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-12, atol=1e-12)
+    assert xt.abs().dtype == torch.float64 and xt.real.dtype == torch.float64
+    torch.testing.assert_close(torch.fft.irfft(torch.fft.rfft(rt)).cpu(), r, rtol=1e-12, atol=1e-12)
+    # complex64 ops keep their type beside a complex Python scalar; float64 ones become complex128
+    assert (xt.to(torch.complex64) * 2j).dtype == torch.complex64 and (rt * 2j).dtype == torch.complex128
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64], ids=str)
+def test_shifts(dtype, no_fallback):
+    lo = 0 if dtype == torch.uint8 else torch.iinfo(dtype).min
+    a = torch.tensor([lo, 5, 3, 100, torch.iinfo(dtype).max], dtype=dtype)
+    n = torch.tensor([0, 1, 7, 9, 70 if dtype != torch.int8 else 8], dtype=dtype)  # amounts past the width too
+    t, nt = a.to("tpu"), n.to("tpu")
+    for got, want in [(t << nt, a << n), (t >> nt, a >> n), (t << 2, a << 2), (t >> 1, a >> 1),
+                      (torch.bitwise_left_shift(t, nt), torch.bitwise_left_shift(a, n)),
+                      (torch.bitwise_right_shift(t, 3), torch.bitwise_right_shift(a, 3))]:
+        assert torch.equal(got.cpu(), want)
+    u, v = t.clone(), a.clone()
+    u <<= 1
+    v <<= 1
+    u >>= nt
+    v >>= n
+    assert torch.equal(u.cpu(), v)
+
+
+def test_float_shift_is_cpus_error():
+    with pytest.raises(NotImplementedError, match="lshift_cpu"):
+        torch.ones(2, device="tpu") << 1
 
 
 # ---------------------------------------------------------------- bounded device loops
@@ -413,3 +465,49 @@ def test_cpu_index_tensors_in_backward_and_cpu_scalar_fill_values(no_fallback):
         y = x.detach().to("tpu")
         y.masked_fill_(m.to("tpu"), v)
         assert torch.equal(y.cpu(), want)
+
+
+# ---------------------------------------------------------------- complex tensors
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_lazy_conjugate_views_in_matmuls(dtype, no_fallback):
+    # x.conj() / x.mH carry a conjugate bit that PyTorch lets through to mm, dot, ... (the
+    # CPU/CUDA kernels read it): these used to ignore it (a silent wrong torch.cov)
+    torch.manual_seed(0)
+    x, y, v = torch.randn(3, 5, dtype=dtype), torch.randn(5, 4, dtype=dtype), torch.randn(5, dtype=dtype)
+    xt, yt, vt = x.to("tpu"), y.to("tpu"), v.to("tpu")
+    tol = dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close((xt @ xt.mH).cpu(), x @ x.mH, **tol)
+    torch.testing.assert_close(torch.mm(xt.conj(), yt).cpu(), torch.mm(x.conj(), y), **tol)
+    torch.testing.assert_close(torch.mv(xt, vt.conj()).cpu(), torch.mv(x, v.conj()), **tol)
+    torch.testing.assert_close(torch.dot(vt.conj(), vt).cpu(), torch.dot(v.conj(), v), **tol)
+    torch.testing.assert_close(torch.vdot(vt, vt * 2).cpu(), torch.vdot(v, v * 2), **tol)
+    torch.testing.assert_close(torch.cov(xt).cpu(), torch.cov(x), **tol)
+    torch.testing.assert_close(xt.conj().clone().cpu(), x.conj().clone(), **tol)
+    torch.testing.assert_close((xt.conj().imag * 1).cpu(), x.conj().imag * 1, **tol)  # a negative view
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+def test_complex_reductions_are_real_where_cpus_are(dtype, no_fallback):
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, dtype=dtype)
+    xt = x.to("tpu")
+    tol = dict(rtol=1e-5, atol=1e-5)
+    for fn in (lambda t: torch.linalg.vector_norm(t, dim=1), lambda t: t.norm(), lambda t: t.norm(p=1, dim=0),
+               lambda t: torch.linalg.vector_norm(t, ord=float("inf")), lambda t: torch.linalg.matrix_norm(t),
+               lambda t: t.var(1), lambda t: t.std(), lambda t: torch.var_mean(t, 0)[0],
+               lambda t: torch.std_mean(t, 1)[1], lambda t: torch.dist(t, t * 2),
+               lambda t: torch.nn.functional.normalize(t, dim=1), torch.angle):
+        got, want = fn(xt), fn(x)
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got.cpu(), want, **tol)
+
+
+def test_complex_ops_without_a_complex_rule_fall_back_correctly():
+    # real formulas (sinh, cosh, asinh, logsumexp, renorm, the factorizations) are not used
+    # for complex input: the CPU fallback computes them
+    x = torch.randn(3, 3, dtype=torch.complex64) + 3 * torch.eye(3)
+    xt = x.to("tpu")
+    tol = dict(rtol=1e-4, atol=1e-4)
+    for fn in (torch.sinh, torch.cosh, torch.asinh, lambda t: torch.logsumexp(t, 1), torch.linalg.inv,
+               torch.linalg.det, lambda t: torch.linalg.solve(t, t[:, :1]), lambda t: torch.renorm(t, 2, 0, 1.0)):
+        torch.testing.assert_close(fn(xt).cpu(), fn(x), **tol)
