@@ -30,7 +30,7 @@ DEFAULT_FILES = ["test_view_ops.py", "test_indexing.py", "test_binary_ufuncs.py"
 DEFAULT_K = {"test_ops.py": "TestCommon and (test_out or test_compare_cpu or test_errors or test_non_standard_bool)"}
 UNSUPPORTED = re.compile(r"does not support dtype")
 # dtypes tpu does not support, as they appear in test ids (for logs cut short, which have no messages)
-UNSUPPORTED_ID = re.compile(r"_(complex128|complex32|uint16|uint64|cdouble|chalf)(_|\b)")
+UNSUPPORTED_ID = re.compile(r"_(complex32|chalf)(_|\b)")
 
 
 def has_pytest_timeout(python):
