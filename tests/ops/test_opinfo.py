@@ -38,6 +38,8 @@ VALUE_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.ui
 REFERENCE_DTYPES = [torch.float32, torch.bfloat16]
 
 # Native passes measured when these guards were set; raise them as ops are added.
+# bfloat16: conv_transpose2d/3d sit at the bf16 tolerance (documented as _BF16_SUMS) and
+# pass in some runs, so the guard counts them as failing.
 NATIVE_PASS_BASELINE = {
     ("values", torch.float32): 579, ("values", torch.bfloat16): 488, ("values", torch.int64): 431,
     ("values", torch.bool): 318, ("values", torch.uint8): 416, ("values", torch.int8): 416,
