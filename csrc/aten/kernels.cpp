@@ -480,11 +480,11 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // values, so such an input is materialized first (through copy_, which resolves the
   // bits); an argument the op writes keeps its bits.
   for (size_t i = 0; i < nargs; ++i) {
-    const auto* alias = schema.arguments()[i].alias_info();
-    if (alias && alias->isWrite()) continue;
     if (!args[i].isTensor()) continue;
     const at::Tensor& t = args[i].toTensor();
-    if (t.defined() && t.device().type() == kTpu && (t.is_conj() || t.is_neg()))
+    if (!t.defined() || !(t.is_conj() || t.is_neg()) || t.device().type() != kTpu) continue;
+    const auto* alias = schema.arguments()[i].alias_info();
+    if (!(alias && alias->isWrite()))
       *(args_begin + static_cast<std::ptrdiff_t>(i)) = args[i] = t.resolve_conj().resolve_neg();
   }
   for (auto& v : args) {
@@ -560,12 +560,12 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // A complex CPU scalar (`x * 1j`): scalar parameters are real, so it takes
   // part as a 0-dim complex tpu tensor (the Meta kernel above saw the original),
   // complex128 only where the result is (a complex64 op keeps its type).
-  c10::ScalarType scalar_ct = c10::kComplexFloat;
-  for (const auto& m : meta.rets)
-    if (m.defined && m.dtype == c10::kComplexDouble) scalar_ct = c10::kComplexDouble;
   for (auto& v : args)
-    if (v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor()) && v.toTensor().is_complex())
-      v = upload(v.toTensor().to(scalar_ct), device);
+    if (v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor()) && v.toTensor().is_complex()) {
+      bool c128 = std::any_of(meta.rets.begin(), meta.rets.end(),
+                              [](const auto& m) { return m.defined && m.dtype == c10::kComplexDouble; });
+      v = upload(v.toTensor().to(c128 ? c10::kComplexDouble : c10::kComplexFloat), device);
+    }
 
   // A result of a dtype tpu lacks (complex128, ...): CPU's error first where CPU rejects the call
   for (const auto& m : meta.rets)

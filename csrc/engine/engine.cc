@@ -118,12 +118,10 @@ bool row_major(const Shape& sizes, const Shape& strides) {
 Value reinterpret(Builder& b, Value v, DType as) {
   DType from = v.dtype();
   if (from == as) return v;
-  // complex64 <-> pairs of float32 (real, imaginary), then any other type from float32
+  // complex <-> pairs of its part type (real, imaginary), then any other type from that
   if (hlo::is_complex(from)) {
     int64_t n = v.shape()[0];
-    DType part = hlo::real_part(from);
-    Value re = b.reshape(b.emit("real", {v}, Type{part, {n}}), {n, 1});
-    Value im = b.reshape(b.emit("imag", {v}, Type{part, {n}}), {n, 1});
+    Value re = b.reshape(b.real(v), {n, 1}), im = b.reshape(b.imag(v), {n, 1});
     return reinterpret(b, b.reshape(b.concatenate({re, im}, 1), {2 * n}), as);
   }
   if (hlo::is_complex(as)) {
@@ -133,7 +131,7 @@ Value reinterpret(Builder& b, Value v, DType as) {
     Value pairs = b.reshape(f, {n / 2, 2});
     Value re = b.reshape(b.slice(pairs, {0, 0}, {n / 2, 1}, {1, 1}), {n / 2});
     Value im = b.reshape(b.slice(pairs, {0, 1}, {n / 2, 2}, {1, 1}), {n / 2});
-    return b.emit("complex", {re, im}, Type{as, {n / 2}});
+    return b.complex(re, im);
   }
   if (from == DType::Pred || as == DType::Pred) {
     if (from == DType::Pred) v = b.convert(v, DType::U8);

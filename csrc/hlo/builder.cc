@@ -344,6 +344,11 @@ Value Builder::unary(const std::string& n, Value x) {
   return emit(n, {x}, x.type);
 }
 
+Value Builder::real(Value x) { return emit("real", {x}, Type{real_part(x.dtype()), x.shape()}); }
+Value Builder::imag(Value x) { return emit("imag", {x}, Type{real_part(x.dtype()), x.shape()}); }
+Value Builder::complex(Value re, Value im) { return emit("complex", {re, im}, Type{complex_of(re.dtype()), re.shape()}); }
+Value Builder::conj(Value x) { return is_complex(x.dtype()) ? complex(real(x), neg(imag(x))) : x; }
+
 Value Builder::binary(const std::string& n, Value a, Value b) {
   if (a.type != b.type)
     throw BuildError("stablehlo." + n + ": operand types differ: " + a.type.str() + " vs " + b.type.str());

@@ -146,6 +146,12 @@ class Builder {
   Value max(Value a, Value b);
   Value min(Value a, Value b);
   Value neg(Value x) { return unary("negate", x); }
+  // complex parts: real/imag of a complex value (its part type), a complex value from
+  // two real ones of one type, and the conjugate (a real x unchanged)
+  Value real(Value x);
+  Value imag(Value x);
+  Value complex(Value re, Value im);
+  Value conj(Value x);
   Value compare(Value a, Value b, Cmp dir);
   Value select(Value pred, Value t, Value f);
   Value convert(Value x, DType t);

@@ -413,11 +413,10 @@ void register_elementwise() {
       // complex, as CPU: (lo, hi) ordered by real part; NaN in lo -> NaN; lo.re = hi.re = -inf -> lo;
       // +inf -> log(exp(lo) + exp(hi)); else hi + log1p(exp(lo - hi))
       DType part = hlo::real_part(x.dtype());
-      Type f{part, x.shape()};
-      Value xr = b.emit("real", {x}, f), yr = b.emit("real", {y}, f);
+      Value xr = b.real(x), yr = b.real(y);
       Value x_lo = b.compare(xr, yr, Cmp::LT);
       Value lo = b.select(x_lo, x, y), hi = b.select(x_lo, y, x);
-      Value lr = b.emit("real", {lo}, f), li = b.emit("imag", {lo}, f), hr = b.emit("real", {hi}, f);
+      Value lr = b.real(lo), li = b.imag(lo), hr = b.real(hi);
       Value nan_lo = b.binary("or", b.compare(lr, lr, Cmp::NE), b.compare(li, li, Cmp::NE));
       Value inf_eq = b.binary("and", b.compare(lr, hr, Cmp::EQ), b.compare(b.unary("abs", lr), b.constant(INFINITY, part, x.shape()), Cmp::EQ));
       Value neg = b.compare(lr, b.zeros(part, x.shape()), Cmp::LT);
@@ -425,7 +424,7 @@ void register_elementwise() {
       Value pinf = b.unary("log", b.add(b.unary("exponential", lo), b.unary("exponential", hi)));
       Value r = b.select(inf_eq, b.select(neg, lo, pinf), general);
       Value qnan = b.constant(NAN, part, x.shape());
-      return b.select(nan_lo, b.emit("complex", {qnan, qnan}, x.type), r);
+      return b.select(nan_lo, b.complex(qnan, qnan), r);
     }
     Value m = b.max(x, y);
     Value d = b.unary("abs", b.sub(x, y));
@@ -494,10 +493,7 @@ void register_elementwise() {
   // angle(x): atan2(im, re) for complex x; for real x isnan(x) ? x : x < 0 ? pi : 0
   add_rule("aten::angle", [](Ctx& c) -> V {
     Value x = c.in(0);
-    if (hlo::is_complex(x.dtype())) {
-      Type f{hlo::real_part(x.dtype()), x.shape()};
-      return {c.b.convert(c.b.binary("atan2", c.b.emit("imag", {x}, f), c.b.emit("real", {x}, f)), c.odt())};
-    }
+    if (hlo::is_complex(x.dtype())) return {c.b.convert(c.b.binary("atan2", c.b.imag(x), c.b.real(x)), c.odt())};
     static const Rule real = unary_fn([](Builder& b, Value v) {
       Value a = b.select(b.compare(v, k(b, 0, v), Cmp::LT), k(b, M_PI, v), k(b, 0, v));
       return b.select(b.compare(v, v, Cmp::NE), v, a);

@@ -62,22 +62,16 @@ void register_fft() {
     if (c.in(0).dtype() != c.in(1).dtype() || !hlo::is_complex(c.odt()) || c.in(0).dtype() != part)
       throw UserError("complex: real and imag parts must both be float32 (float64) for a complex64 (complex128) result");
     Value re = c.in_out(0, part), im = c.in_out(1, part);
-    return {c.b.emit("complex", {re, im}, Type{c.odt(), c.oshape()})};
+    return {c.b.complex(re, im)};
   });
   add_rule("aten::polar", [](Ctx& c) -> V {
     Builder& b = c.b;
     DType part = hlo::real_part(c.odt());
     Value r = c.in_out(0, part), t = c.in_out(1, part);
-    return {b.emit("complex", {b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t))}, Type{c.odt(), c.oshape()})};
+    return {b.complex(b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t)))};
   });
   // conj_physical(x) = re(x) - i im(x) (real x unchanged)
-  add_rule("aten::conj_physical", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    if (!hlo::is_complex(x.dtype())) return {x};
-    Type f{hlo::real_part(x.dtype()), x.shape()};
-    return {b.emit("complex", {b.emit("real", {x}, f), b.neg(b.emit("imag", {x}, f))}, x.type)};
-  });
+  add_rule("aten::conj_physical", [](Ctx& c) -> V { return {c.b.conj(c.in(0))}; });
   // _fft_c2c(x, dim, norm, forward) = DFT (or inverse DFT, unscaled) over dim, times norm
   add_rule("aten::_fft_c2c", [](Ctx& c) -> V {
     Builder& b = c.b;

@@ -272,14 +272,7 @@ void register_linalg() {
   add_rule("aten::bmm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kBMM, c.odt())}; });
   add_rule("aten::dot", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });
   // vdot(a, b) = sum(conj(a) * b)
-  add_rule("aten::vdot", [](Ctx& c) -> V {
-    Value a = c.in(0);
-    if (hlo::is_complex(a.dtype())) {
-      Type f{hlo::real_part(a.dtype()), a.shape()};
-      a = c.b.emit("complex", {c.b.emit("real", {a}, f), c.b.neg(c.b.emit("imag", {a}, f))}, a.type);
-    }
-    return {matmul(c, a, c.in(1), {{}, {}, {0}, {0}}, c.odt())};
-  });
+  add_rule("aten::vdot", [](Ctx& c) -> V { return {matmul(c, c.b.conj(c.in(0)), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });
   add_rule("aten::mv", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {1}, {0}}, c.odt())}; });
   // addmm(self, m1, m2, beta, alpha) = beta self + alpha m1 @ m2
   add_rule("aten::addmm", [](Ctx& c) -> V {
@@ -298,8 +291,8 @@ void register_linalg() {
   });
   // The factorizations below (Cholesky, triangular solves, LU and what is built on
   // it) are written for real matrices: complex ones run on the CPU fallback.
-  auto add_rule = [](const std::string& name, Rule r) {
-    lower::add_rule(name, [r](Ctx& c) -> V {
+  auto add_real_rule = [](const std::string& name, Rule r) {
+    add_rule(name, [r](Ctx& c) -> V {
       for (size_t i = 0; i < c.nargs(); ++i)
         if (c.arg(i).kind == Arg::Tensor && c.has(i) && hlo::is_complex(c.in(i).dtype()))
           throw Unsupported("complex matrices in a factorization");
@@ -308,7 +301,7 @@ void register_linalg() {
   };
   // linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or the first
   // failing order where the factor is not finite)
-  add_rule("aten::linalg_cholesky_ex", [](Ctx& c) -> V {
+  add_real_rule("aten::linalg_cholesky_ex", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(0));
     if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
@@ -325,7 +318,7 @@ void register_linalg() {
                           b.zeros(DType::S32, first.shape()), first);
     return {c.flag_or(1, false) ? mT(b, l) : l, b.convert(info, c.odt(1))};
   });
-  add_rule("aten::cholesky", [](Ctx& c) -> V {
+  add_real_rule("aten::cholesky", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt());
     if (hlo::numel(a.shape()) == 0) return {a};
@@ -333,7 +326,7 @@ void register_linalg() {
     return {c.flag_or(1, false) ? mT(b, l) : l};
   });
   // linalg_solve_triangular(a, y, upper, left, unit) = x with a x = y (left) or x a = y
-  add_rule("aten::linalg_solve_triangular", [](Ctx& c) -> V {
+  add_real_rule("aten::linalg_solve_triangular", [](Ctx& c) -> V {
     Builder& b = c.b;
     Shape batch = batch_of(c.oshape());
     Value a = to_batch(b, b.convert(c.in(0), c.odt()), batch), y = to_batch(b, b.convert(c.in(1), c.odt()), batch);
@@ -343,7 +336,7 @@ void register_linalg() {
     return {tri_solve(b, a, y, left, !upper, unit, false)};
   });
   // triangular_solve(y, a, upper, transpose, unit) -> (x with op(a) x = y, a)
-  add_rule("aten::triangular_solve", [](Ctx& c) -> V {
+  add_real_rule("aten::triangular_solve", [](Ctx& c) -> V {
     Builder& b = c.b;
     Shape batch = batch_of(c.oshape(0));
     Value y = to_batch(b, b.convert(c.in(0), c.odt(0)), batch), a = to_batch(b, b.convert(c.in(1), c.odt(0)), batch);
@@ -353,7 +346,7 @@ void register_linalg() {
     return {x, b.broadcast_to(a, c.oshape(1))};
   });
   // _cholesky_solve_helper(y, L, upper) = x with L L^T x = y (U^T U x = y when upper)
-  add_rule("aten::_cholesky_solve_helper", [](Ctx& c) -> V {
+  add_real_rule("aten::_cholesky_solve_helper", [](Ctx& c) -> V {
     Builder& b = c.b;
     Shape batch = batch_of(c.oshape());
     Value y = to_batch(b, b.convert(c.in(0), c.odt()), batch), l = to_batch(b, b.convert(c.in(1), c.odt()), batch);
@@ -365,7 +358,7 @@ void register_linalg() {
     return {tri_solve(b, l, z, true, true, false, true)};
   });
   // cholesky_inverse(L, upper) = (L L^T)^-1 (or (U^T U)^-1)
-  add_rule("aten::cholesky_inverse", [](Ctx& c) -> V {
+  add_real_rule("aten::cholesky_inverse", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value l = b.convert(c.in(0), c.odt());
     if (hlo::numel(l.shape()) == 0) return {l};
@@ -378,7 +371,7 @@ void register_linalg() {
     return {tri_solve(b, l, z, true, true, false, true)};
   });
   // linalg_lu_factor_ex(A, pivot, check) -> (LU, pivots (1-based, int32), info)
-  add_rule("aten::linalg_lu_factor_ex", [](Ctx& c) -> V {
+  add_real_rule("aten::linalg_lu_factor_ex", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(0));
     if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
@@ -386,7 +379,7 @@ void register_linalg() {
     return {f.lu, stack_pivots(b, f.piv, batch_of(a.shape()), c.odt(1)), b.convert(f.info, c.odt(2))};
   });
   // linalg_lu(A, pivot) -> (P, L, U) with A = P L U
-  add_rule("aten::linalg_lu", [](Ctx& c) -> V {
+  add_real_rule("aten::linalg_lu", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(1));
     if (hlo::numel(a.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
@@ -397,7 +390,7 @@ void register_linalg() {
     return {p, l, u};
   });
   // lu_unpack(LU, pivots, unpack_data, unpack_pivots) -> (P, L, U)
-  add_rule("aten::lu_unpack", [](Ctx& c) -> V {
+  add_real_rule("aten::lu_unpack", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value lu = c.in(0), piv = b.convert(c.in(1), DType::S64);
     if (hlo::numel(lu.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
@@ -429,7 +422,7 @@ void register_linalg() {
     return out;
   });
   // linalg_lu_solve(LU, pivots, B, left, adjoint) = X with A X = B (A^T X = B; X A = B when !left)
-  add_rule("aten::linalg_lu_solve", [](Ctx& c) -> V {
+  add_real_rule("aten::linalg_lu_solve", [](Ctx& c) -> V {
     Builder& b = c.b;
     Shape batch = batch_of(c.oshape());
     Value lu = to_batch(b, b.convert(c.in(0), c.odt()), batch), rhs = b.convert(c.in(2), c.odt());
@@ -454,7 +447,7 @@ void register_linalg() {
     return {mT(b, lu_solve(b, lu, perm, to_batch(b, mT(b, rhs), batch), !adjoint))};
   });
   // _linalg_solve_ex(A, B, left, check) -> (X, LU, pivots, info)
-  add_rule("aten::_linalg_solve_ex", [](Ctx& c) -> V {
+  add_real_rule("aten::_linalg_solve_ex", [](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = c.odt(0);
     Value a = b.convert(c.in(0), t), rhs = b.convert(c.in(1), t);
@@ -484,7 +477,7 @@ void register_linalg() {
     return {x, f.lu, stack_pivots(b, f.piv, ab, c.odt(2)), b.convert(f.info, c.odt(3))};
   });
   // linalg_inv_ex(A, check) -> (A^-1 via LU, info)
-  add_rule("aten::linalg_inv_ex", [](Ctx& c) -> V {
+  add_real_rule("aten::linalg_inv_ex", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(0));
     if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
@@ -495,7 +488,7 @@ void register_linalg() {
     return {lu_solve(b, f.lu, f.perm, eye, false), b.convert(f.info, c.odt(1))};
   });
   // _linalg_det(A) -> (det = sign(P) prod diag(U), LU, pivots)
-  add_rule("aten::_linalg_det", [](Ctx& c) -> V {
+  add_real_rule("aten::_linalg_det", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(0));
     Shape batch = batch_of(a.shape());
@@ -506,7 +499,7 @@ void register_linalg() {
     return {b.mul(d, perm_sign(b, f.piv, batch, a.dtype())), f.lu, stack_pivots(b, f.piv, batch, c.odt(2))};
   });
   // _linalg_slogdet(A) -> (sign, log|det|, LU, pivots)
-  add_rule("aten::_linalg_slogdet", [](Ctx& c) -> V {
+  add_real_rule("aten::_linalg_slogdet", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(0));
     Shape batch = batch_of(a.shape());

@@ -110,12 +110,8 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
                                                  for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
                                                  return all;
                                                }()));
-  Value sq = b.mul(centered, centered);
-  if (hlo::is_complex(x.dtype())) {  // |x - mean|^2 = re^2 + im^2: a real variance
-    Type f{hlo::real_part(x.dtype()), x.shape()};
-    Value re = b.emit("real", {centered}, f), im = b.emit("imag", {centered}, f);
-    sq = b.add(b.mul(re, re), b.mul(im, im));
-  }
+  auto square = [&](Value v) { return b.mul(v, v); };  // |x - mean|^2: real for complex x
+  Value sq = hlo::is_complex(x.dtype()) ? b.add(square(b.real(centered)), square(b.imag(centered))) : square(centered);
   Value ss = b.reduce(sq, b.zeros(sq.dtype(), {}), dims, "add");
   Value var = b.div(ss, b.constant(std::max(n - corr, 0.0), sq.dtype(), ss.shape()));
   return {var, mean};
