@@ -85,7 +85,8 @@ struct Converter {
       a.kind = lower::Arg::Str;
       a.s = v.toStringRef();
     } else if (v.isComplexDouble()) {
-      throw lower::Unsupported("complex scalar argument");
+      a.kind = lower::Arg::Scalar;
+      a.set_complex(v.toComplexDouble().real(), v.toComplexDouble().imag());
     }
     // None, devices, generators, layouts, memory formats: nothing a rule reads
     return a;

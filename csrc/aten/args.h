@@ -20,7 +20,7 @@ using TensorValueFn = std::function<hlo::Value(const at::Tensor&)>;
 // One Arg per schema argument index in `indices` (the rule's arguments: the
 // schema's non-out arguments), read from `args` (the whole argument stack).
 // A 0-dim CPU tensor becomes a runtime scalar of env; other tensors go
-// through `value`. Complex scalar arguments raise lower::Unsupported.
+// through `value`.
 std::vector<lower::Arg> rule_args(const c10::FunctionSchema& schema, const std::vector<int>& indices,
                                   const torch::jit::Stack& args, lower::Env& env, const TensorValueFn& value);
 

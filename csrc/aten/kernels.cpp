@@ -3,6 +3,7 @@
 #include <cstring>
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ThreadLocalPythonObjects.h>
 #include <Python.h>
@@ -229,6 +230,109 @@ void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args)
 
 bool cpu_scalar(const at::Tensor& t) { return t.device().is_cpu() && t.dim() == 0; }
 
+// ---------------------------------------------------------------- memory overlap
+// CPU and CUDA reject a write into a tensor whose elements share memory (an expanded
+// tensor) or that partly overlaps an input, with messages that depend on the op (most
+// follow TensorIterator, index_select/cat/gather reject any overlap, fill_/zero_ accept
+// it). Meta kernels skip these checks, so a call whose written tensor may overlap (its
+// own elements, or a tensor argument in the same storage) is replayed once on CPU
+// stand-ins with the same storages, offsets and strides, and an overlap error of CPU's
+// is raised here. The outcome is cached per call geometry.
+template <typename F>
+void for_each_tensor(const torch::jit::Stack& args, const F& f) {
+  for (const auto& v : args) {
+    if (v.isTensor()) f(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) f(t);
+    else if (v.isList()) {
+      auto l = v.toList();
+      for (size_t i = 0; i < l.size(); ++i)
+        if (l.get(i).isTensor()) f(l.get(i).toTensor());
+    }
+  }
+}
+
+bool may_overlap(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const auto& sargs = schema.arguments();
+  for (size_t i = 0; i < sargs.size() && i < args.size(); ++i) {
+    if (!(sargs[i].alias_info() && sargs[i].alias_info()->isWrite()) || !args[i].isTensor()) continue;
+    const at::Tensor& w = args[i].toTensor();
+    if (!w.defined() || w.device().type() != kTpu || w.numel() == 0) continue;
+    if (at::has_internal_overlap(w) == at::MemOverlap::Yes) return true;
+    bool shared = false;
+    int itself = 0;  // the written tensor passed again as an input (index_select(x, .., out=x))
+    for_each_tensor(args, [&](const at::Tensor& t) {
+      if (shared || !t.defined() || t.device().type() != kTpu || !t.has_storage()) return;
+      if (t.unsafeGetTensorImpl() == w.unsafeGetTensorImpl()) shared = ++itself > 1;
+      else shared = t.storage().is_alias_of(w.storage()) && at::get_overlap_status(w, t) != at::MemOverlapStatus::No;
+    });
+    if (shared) return true;
+  }
+  return false;
+}
+
+// Complex support: CPU implements many ops for real types only ("clamp is not supported
+// for complex types", "lt_cpu" not implemented for 'ComplexFloat'), and Meta kernels do
+// not tell. A call with a complex operand is replayed once per op and dtypes on CPU
+// stand-ins; CPU's dtype error (NotImplementedError, or one naming complex types) is
+// raised here, any other outcome is the call's own (the stand-ins are zeros).
+std::mutex g_complex_mu;
+std::set<std::string> g_complex_ok;
+
+std::mutex g_overlap_mu;
+std::set<std::string> g_overlap_ok;
+
+void check_overlap(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  if (!may_overlap(op.schema(), args)) return;
+  // the geometry: per tpu tensor its storage (as the first tensor sharing it), offset, sizes, strides
+  std::vector<const c10::StorageImpl*> storages;
+  std::string key;
+  sig_append(key, &op.schema(), sizeof(void*));
+  int64_t bytes = 0;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu || !t.has_storage()) { key += 'u'; return; }
+    const c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+    auto it = std::find(storages.begin(), storages.end(), s);
+    int64_t group = it - storages.begin(), off = t.storage_offset();
+    if (it == storages.end()) {
+      storages.push_back(s);
+      bytes += static_cast<int64_t>(s->nbytes());
+    }
+    sig_append(key, &group, sizeof group);
+    sig_append(key, &off, sizeof off);
+    sig_tensor(key, t);
+  });
+  for (const auto& v : args)  // scalars may pick the overload path (e.g. dims)
+    if (v.isInt()) { int64_t x = v.toInt(); sig_append(key, &x, sizeof x); }
+  {
+    std::lock_guard<std::mutex> lock(g_overlap_mu);
+    if (g_overlap_ok.count(key)) return;
+  }
+  if (bytes > (int64_t(1) << 28)) return;  // too large to stand in for
+  std::vector<at::Tensor> bases(storages.size());
+  for (size_t i = 0; i < storages.size(); ++i)
+    bases[i] = at::zeros({static_cast<int64_t>(storages[i]->nbytes())}, at::TensorOptions().dtype(c10::kByte));
+  torch::jit::Stack cs;
+  for (const auto& v : args)
+    cs.push_back(map_tensors(
+        v,
+        [&](const at::Tensor& t) {
+          if (!t.has_storage()) return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kCPU)).zero_();
+          size_t g = std::find(storages.begin(), storages.end(), t.storage().unsafeGetStorageImpl()) - storages.begin();
+          return at::empty({0}, t.options().device(c10::kCPU))
+              .set_(bases[g].storage(), t.storage_offset(), t.sizes(), t.strides());
+        },
+        c10::Device(c10::kCPU)));
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cs);
+  } catch (const c10::Error& e) {
+    if (std::string(e.what_without_backtrace()).find("unsupported operation:") != std::string::npos) throw;
+  } catch (const std::exception&) {  // another error (the stand-ins are zeros): the call reports its own
+  }
+  std::lock_guard<std::mutex> lock(g_overlap_mu);
+  if (g_overlap_ok.size() > 4096) g_overlap_ok.clear();
+  g_overlap_ok.insert(key);
+}
+
 std::mutex g_meta_mu;
 std::atomic<int64_t> g_meta_runs{0};
 struct MetaUnavailable {};
@@ -446,6 +550,37 @@ std::string python_site() {
   return out;
 }
 
+void check_complex_support(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  bool complex = false;
+  std::string key;
+  sig_append(key, &op.schema(), sizeof(void*));
+  for (const auto& v : args)
+    if (v.isComplexDouble()) {
+      complex = true;
+      key += 'c';
+    }
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    key += t.defined() ? static_cast<char>(t.scalar_type()) : 'u';
+    complex |= t.defined() && t.is_complex();
+  });
+  if (!complex) return;
+  {
+    std::lock_guard<std::mutex> lock(g_complex_mu);
+    if (g_complex_ok.count(key)) return;
+  }
+  try {
+    replay_on_cpu(op, args);
+  } catch (const c10::NotImplementedError&) {
+    throw;
+  } catch (const c10::Error& e) {
+    std::string m = e.what_without_backtrace();
+    if (m.find("complex") != std::string::npos || m.find("Complex") != std::string::npos) throw;
+  } catch (const std::exception&) {
+  }
+  std::lock_guard<std::mutex> lock(g_complex_mu);
+  g_complex_ok.insert(key);
+}
+
 // ---------------------------------------------------------------- the generic kernel
 void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -505,6 +640,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   if (device < 0) device = current_device();
+  check_overlap(op, args);
   if (allow_cpu_tensors) {  // upload CPU index tensors
     for (auto& v : args)
       if (v.isList()) {
@@ -557,11 +693,20 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     return;
   }
 
+  check_complex_support(op, args);
+
   // A complex CPU scalar (`x * 1j`): scalar parameters are real, so it takes
   // part as a 0-dim complex tpu tensor (the Meta kernel above saw the original),
   // complex128 only where the result is (a complex64 op keeps its type).
   for (auto& v : args)
     if (v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor()) && v.toTensor().is_complex()) {
+      // a real tensor written with a complex result (`x.add_(1j)`): CPU's cast error
+      // (the Meta kernels let it through)
+      for (int a : info.ret_alias)
+        if (a >= 0 && args[a].isTensor() && !args[a].toTensor().is_complex()) {
+          replay_on_cpu(op, args);
+          break;
+        }
       bool c128 = std::any_of(meta.rets.begin(), meta.rets.end(),
                               [](const auto& m) { return m.defined && m.dtype == c10::kComplexDouble; });
       v = upload(v.toTensor().to(c128 ? c10::kComplexDouble : c10::kComplexFloat), device);
@@ -686,7 +831,11 @@ void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
   at::native::cpu_fallback(op, stack);
 }
 
-void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) { fallback_impl(op, stack, nullptr); }
+void tpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  size_t nargs = op.schema().arguments().size();
+  check_overlap(op, torch::jit::Stack(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end()));
+  fallback_impl(op, stack, nullptr);
+}
 
 // ---------------------------------------------------------------- storage & views
 at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
@@ -842,6 +991,17 @@ at::Tensor& tpu_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking
   return self;
 }
 
+// copy_ as users call it: CPU's overlap checks (a write into an expanded tensor, a source
+// that partly overlaps the destination) first. The CPU fallback's copy-back goes through
+// _copy_from instead: it writes results of ops that accept overlap (fill_ of an expanded tensor).
+at::Tensor& tpu_checked_copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (self.defined() && src.defined() && self.device().type() == kTpu && !self.is_same(src)) {
+    at::assert_no_internal_overlap(self);
+    if (src.device() == self.device()) at::assert_no_partial_overlap(self, src);
+  }
+  return tpu_copy_(self, src, non_blocking);
+}
+
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   at::Tensor d = dst;
   tpu_copy_(d, self, non_blocking);
@@ -853,6 +1013,14 @@ at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& ds
   at::Tensor d = dst;
   tpu_copy_(d, self, false);
   return dst;
+}
+
+// torch.cholesky (deprecated): the factor and, as on CPU and CUDA, the LinAlgError of a
+// matrix that is not positive-definite (reading `info` synchronises, as there)
+at::Tensor tpu_cholesky(const at::Tensor& self, bool upper) {
+  auto [l, info] = at::linalg_cholesky_ex(self, upper, false);
+  at::_linalg_check_errors(info, "cholesky", self.dim() == 2);
+  return l;
 }
 
 at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
@@ -907,12 +1075,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", TORCH_FN(tpu_set_storage));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(tpu_set_storage_offset));
   m.impl("set_.source_Tensor", TORCH_FN(tpu_set_tensor));
-  m.impl("copy_", TORCH_FN(tpu_copy_));
+  m.impl("copy_", TORCH_FN(tpu_checked_copy_));
   m.impl("_copy_from", TORCH_FN(tpu_copy_from));
   m.impl("_copy_from_and_resize", TORCH_FN(tpu_copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(tpu_local_scalar_dense));
   m.impl("_fused_sdp_choice", TORCH_FN(tpu_fused_sdp_choice));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(tpu_has_compatible_shallow_copy_type));
+  m.impl("cholesky", TORCH_FN(tpu_cholesky));
 }
 
 // Test hook: adds an op whose program text fails verification to the current

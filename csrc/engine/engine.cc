@@ -562,6 +562,19 @@ void Engine::raise_device_errors(int device) {
     msg = c.message;
     auto at = msg.find("{}");
     if (at != std::string::npos) msg.replace(at, 2, std::to_string(word[1]));
+    at = msg.find("{f32,f32}");  // two float32 bit patterns, printed as PyTorch prints numbers
+    if (at != std::string::npos) {
+      auto f32 = [](uint32_t bits) {
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        if (std::isnan(f)) return std::string("nan");
+        std::ostringstream o;
+        o << f;
+        return o.str();
+      };
+      auto u = static_cast<uint64_t>(word[1]);
+      msg.replace(at, 9, f32(static_cast<uint32_t>(u >> 32)) + ", " + f32(static_cast<uint32_t>(u)));
+    }
     msg += "\n(torch_tpu: checked on the device in " + c.op + (c.site.empty() ? "" : ", issued at " + c.site) + ")";
     index_error = c.index_error;
   }

@@ -65,8 +65,15 @@ const std::vector<Value>& Ctx::list(size_t i) const {
   if (a.kind != Arg::TensorList) bad_arg(i, "a tensor list");
   return a.tensors;
 }
+namespace {
+const Arg& real_number(const Arg& a) {
+  if (a.is_complex_number()) throw Unsupported("complex scalar argument");
+  return a;
+}
+}  // namespace
+
 int64_t Ctx::int_(size_t i) const {
-  const Arg& a = arg(i);
+  const Arg& a = real_number(arg(i));
   if (a.kind == Arg::Int) return a.i;
   if (a.kind == Arg::Scalar) {
     reads_.push_back({static_cast<int>(i), a.d_, -1});
@@ -92,14 +99,14 @@ const std::string& Ctx::str(size_t i) const {
   return a.s;
 }
 double Ctx::check_number(size_t i) const {
-  const Arg& a = arg(i);
+  const Arg& a = real_number(arg(i));
   if (a.kind == Arg::Scalar) return a.d_;
   if (a.kind == Arg::Int) return static_cast<double>(a.i);
   if (a.kind == Arg::Bool) return a.b;
   bad_arg(i, "a number");
 }
 double Ctx::num(size_t i) const {
-  const Arg& a = arg(i);
+  const Arg& a = real_number(arg(i));
   if (a.kind == Arg::Scalar) {
     reads_.push_back({static_cast<int>(i), a.d_, -1});
     return a.d_;
@@ -111,13 +118,18 @@ double Ctx::num(size_t i) const {
 bool Ctx::num_is(size_t i, double v) const {
   const Arg& a = arg(i);
   if (a.kind != Arg::Scalar) return num(i) == v;
-  bool r = a.d_ == v;
+  bool r = a.d_ == v && a.imag_ == 0;  // a complex number equals v only on the real line
   reads_.push_back({static_cast<int>(i), v, r ? 1 : 0});
   return r;
 }
 Value Ctx::scalar(size_t i, DType t) {
   const Arg& a = arg(i);
   if (a.kind == Arg::Tensor && a.tensor.rank() == 0) return b.convert(a.tensor, t);
+  if (a.complex_) {  // a complex number: two runtime parameters (real, imaginary)
+    if (!hlo::is_complex(t)) throw Unsupported("complex scalar argument for a real result");
+    DType r = hlo::real_part(t);
+    return b.complex(env.scalar_param(a.d_, false, r), env.scalar_param(a.imag_, false, r));
+  }
   // a runtime parameter: the value is not part of the text (no read recorded)
   double v = a.kind == Arg::Scalar ? a.d_ : num(i);
   return env.scalar_param(v, a.kind == Arg::Int || a.scalar_is_int, t);

@@ -26,7 +26,9 @@ DType result_type(const Ctx& c, std::initializer_list<size_t> idx) {
       k = a.wrapped_number ? 2 : (a.tensor.rank() == 0 ? 1 : 0);
     } else if (a.kind == Arg::Scalar || a.kind == Arg::Int || a.kind == Arg::Bool) {
       t = a.kind == Arg::Bool || a.scalar_is_bool ? DType::Pred
-          : (a.kind == Arg::Int || a.scalar_is_int) ? DType::S64 : DType::F32;
+          : (a.kind == Arg::Int || a.scalar_is_int) ? DType::S64
+          : a.is_complex_number()                  ? DType::C64
+                                                   : DType::F32;
       k = 2;
     } else {
       continue;
@@ -40,7 +42,9 @@ DType result_type(const Ctx& c, std::initializer_list<size_t> idx) {
   for (int k = 1; k < 3; ++k) {
     if (!have[k]) continue;
     if (!any) { r = tier[k]; any = true; continue; }
-    if (cat(tier[k]) > cat(r)) r = k == 2 && cat(tier[k]) == 2 ? DType::F32 : (k == 2 && cat(tier[k]) == 1 ? DType::S64 : tier[k]);
+    if (cat(tier[k]) <= cat(r)) continue;
+    if (k == 2) r = cat(tier[k]) == 1 ? DType::S64 : cat(tier[k]) == 2 ? DType::F32 : r == DType::F64 ? DType::C128 : DType::C64;
+    else r = tier[k];
   }
   return r;
 }

@@ -527,7 +527,14 @@ void register_indexing() {
   };
   add_rule("aten::searchsorted.Tensor", [search](Ctx& c) -> V {
     Value seq = c.in(0);
-    if (c.has(5)) seq = c.b.take_along(seq, c.b.convert(c.in(5), DType::S64), seq.rank() - 1);
+    if (c.has(5)) {  // sorter: CPU's checks (its dtype and shape, then each index)
+      Value sorter = c.in(5);
+      if (sorter.dtype() != DType::S64 || sorter.shape() != seq.shape())
+        throw UserError("torch.searchsorted(): sorter must be an int64 tensor of the boundaries' shape");
+      check_range(c, sorter, 0, seq.shape().empty() ? 1 : seq.shape().back(), false,
+                  "torch.searchsorted(): sorter index out of range");
+      seq = c.b.take_along(seq, sorter, seq.rank() - 1);
+    }
     if (c.has(4) && c.str(4) != "left" && c.str(4) != "right")
       throw UserError("torch.searchsorted(): side can only be 'left' or 'right' but got " + c.str(4));
     if (c.has(4) && c.str(4) == "left" && c.flag_or(3, false))
@@ -549,7 +556,21 @@ void register_indexing() {
     Value lo, hi;
     if (c.num_or(2, 0) == c.num_or(3, 0)) {
       std::tie(lo, hi) = data_range(b, x, t);
+      if (hlo::is_float(t)) {  // data with inf or NaN: CPU's error, naming the data's range
+        int64_t n = hlo::numel(x.shape());
+        Value xf = b.convert(b.reshape(x, {n}), DType::F32);
+        Value nan = b.reduce(b.compare(xf, xf, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
+        Value mn = b.reduce(xf, b.highest(DType::F32), {0}, "minimum"), mx = b.reduce(xf, b.lowest(DType::F32), {0}, "maximum");
+        mn = b.select(nan, b.constant(NAN, DType::F32), mn);  // any NaN: the range is [nan, nan]
+        mx = b.select(nan, b.constant(NAN, DType::F32), mx);
+        auto finite = [&](Value v) { return b.emit("is_finite", {v}, Type{DType::Pred, {}}); };
+        Value bad = b.unary("not", b.binary("and", finite(mn), finite(mx)));
+        auto bits = [&](Value v) { return b.convert(b.bitcast(v, DType::U32), DType::S64); };
+        Value pair = b.binary("or", b.binary("shift_left", bits(mn), b.constant_int(32, DType::S64)), bits(mx));
+        c.env.check(bad, pair, false, "torch.histc: range of [{f32,f32}] is not finite");
+      }
     } else {
+      if (!std::isfinite(c.num(2)) || !std::isfinite(c.num(3))) throw UserError("torch.histc: range is not finite");
       lo = c.scalar(2, t);
       hi = c.scalar(3, t);
     }

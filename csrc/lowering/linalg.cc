@@ -51,6 +51,60 @@ Value cholesky_lower(Builder& b, Value a) {
   return keep_triangle(b, b.emit("cholesky", {a}, a.type, "lower = true"), true);
 }
 
+// LAPACK potrf's info for each matrix of a (lower triangle used) given its factor l:
+// 0 where l's diagonal is finite and positive, else the first order j whose pivot
+// a_jj - sum_k l_jk^2 is not positive, found by the unblocked factorization (a loop of
+// n rank-1 updates that runs only when some matrix failed). S32, a's batch shape.
+Value cholesky_info(Builder& b, Value a, Value l) {
+  int64_t n = a.shape().back(), r = a.rank();
+  const Shape& s = a.shape();
+  Shape batch(s.begin(), s.end() - 2);
+  std::vector<int64_t> last2{r - 2, r - 1}, all;
+  for (int64_t i = 0; i < r - 2; ++i) all.push_back(i);
+  DType t = a.dtype();
+  Value row = b.iota(DType::S64, s, r - 2), col = b.iota(DType::S64, s, r - 1);
+  Value zero = b.zeros(t, s);
+  Value diag = b.reduce(b.select(b.compare(row, col, hlo::Cmp::EQ), l, zero), b.zeros(t, {}), {r - 1}, "add");
+  Value good = b.binary("and", b.emit("is_finite", {diag}, Type{DType::Pred, diag.shape()}),
+                        b.compare(diag, b.zeros(t, diag.shape()), hlo::Cmp::GT));
+  Value failed = b.unary("not", b.reduce(good, b.constant_int(1, DType::Pred), {r - 2}, "and"));  // per matrix
+  Value lower = keep_triangle(b, a, true);
+  Value strict = b.select(b.compare(col, row, hlo::Cmp::LT), lower, zero);
+  Value sym = b.add(lower, mT(b, strict));
+  auto any = [&](Builder& bb, Value p) { return all.empty() ? p : bb.reduce(p, bb.constant_int(0, DType::Pred), all, "or"); };
+  Value info0 = b.zeros(DType::S32, batch);
+  // carried: j, the trailing matrix, info, more
+  auto out = b.while_loop(
+      {b.constant_int(0, DType::S64), sym, info0, any(b, failed), failed},
+      [n](Builder& bb, const std::vector<Value>& v) -> std::vector<Value> {
+        return {bb.binary("and", bb.compare(v[0], bb.constant_int(n, DType::S64), hlo::Cmp::LT), v[3])};
+      },
+      [&](Builder& bb, const std::vector<Value>& v) -> std::vector<Value> {
+        Value j = bb.broadcast_to(v[0], s), m = v[1], info = v[2], fail = v[4];
+        Value at_col = bb.compare(col, j, hlo::Cmp::EQ);
+        Value pivot = bb.reduce(bb.select(bb.binary("and", bb.compare(row, j, hlo::Cmp::EQ), at_col), m, zero),
+                                bb.zeros(t, {}), last2, "add");
+        Value open = bb.binary("and", fail, bb.compare(info, bb.zeros(DType::S32, batch), hlo::Cmp::EQ));
+        Value bad = bb.unary("not", bb.compare(pivot, bb.zeros(t, batch), hlo::Cmp::GT));
+        Value jj = bb.broadcast_to(bb.convert(bb.add(v[0], bb.constant_int(1, DType::S64)), DType::S32), batch);
+        info = bb.select(bb.binary("and", open, bad), jj, info);
+        // column j below the pivot, scaled: the rank-1 update of the trailing matrix
+        Shape cs = batch;
+        cs.push_back(n);
+        Value cj = bb.reduce(bb.select(at_col, m, zero), bb.zeros(t, {}), {r - 1}, "add");
+        Value below = bb.compare(bb.iota(DType::S64, cs, r - 2), bb.broadcast_to(v[0], cs), hlo::Cmp::GT);
+        Value sp = bb.broadcast_in_dim(bb.unary("sqrt", pivot), cs, all);
+        Value lj = bb.select(below, bb.div(cj, sp), bb.zeros(t, cs));
+        std::vector<int64_t> rows = all, cols = all;
+        rows.push_back(r - 2);
+        cols.push_back(r - 1);
+        m = bb.sub(m, bb.mul(bb.broadcast_in_dim(lj, s, rows), bb.broadcast_in_dim(lj, s, cols)));
+        Value more = any(bb, bb.binary("and", fail, bb.compare(info, bb.zeros(DType::S32, batch), hlo::Cmp::EQ)));
+        return {bb.add(v[0], bb.constant_int(1, DType::S64)), m, info, more, fail};
+      });
+  return out[2];
+}
+
 // solves op(a) x = y (left) or x op(a) = y (right) for triangular a; batch dims must match
 Value tri_solve(Builder& b, Value a, Value y, bool left, bool lower, bool unit, bool transpose_a) {
   std::string attrs = std::string("left_side = ") + (left ? "true" : "false") + ", lower = " + (lower ? "true" : "false") +
@@ -299,32 +353,16 @@ void register_linalg() {
       return r(c);
     });
   };
-  // linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or the first
-  // failing order where the factor is not finite)
+  // linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or LAPACK's
+  // order of the first leading minor that is not positive-definite)
   add_real_rule("aten::linalg_cholesky_ex", [](Ctx& c) -> V {
     Builder& b = c.b;
     Value a = b.convert(c.in(0), c.odt(0));
     if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
     Value l = cholesky_lower(b, a);
-    int64_t n = a.shape().back(), r = a.rank();
-    Value eye = b.compare(b.iota(DType::S64, a.shape(), r - 2), b.iota(DType::S64, a.shape(), r - 1), hlo::Cmp::EQ);
-    Value diag = b.reduce(b.select(eye, l, b.zeros(l.dtype(), l.shape())), b.zeros(l.dtype(), {}), {r - 1}, "add");
-    Value ok = b.emit("is_finite", {diag}, Type{DType::Pred, diag.shape()});
-    // first non-finite position + 1 (n + 1 stands for none)
-    Value pos = b.add(b.iota(DType::S32, diag.shape(), r - 2), b.constant_int(1, DType::S32, diag.shape()));
-    Value cand = b.select(ok, b.constant_int(n + 1, DType::S32, diag.shape()), pos);
-    Value first = b.reduce(cand, b.constant_int(n + 1, DType::S32), {r - 2}, "minimum");
-    Value info = b.select(b.compare(first, b.constant_int(n + 1, DType::S32, first.shape()), hlo::Cmp::EQ),
-                          b.zeros(DType::S32, first.shape()), first);
-    return {c.flag_or(1, false) ? mT(b, l) : l, b.convert(info, c.odt(1))};
+    return {c.flag_or(1, false) ? mT(b, l) : l, b.convert(cholesky_info(b, a, l), c.odt(1))};
   });
-  add_real_rule("aten::cholesky", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt());
-    if (hlo::numel(a.shape()) == 0) return {a};
-    Value l = cholesky_lower(b, a);
-    return {c.flag_or(1, false) ? mT(b, l) : l};
-  });
+  // aten::cholesky (deprecated) is linalg_cholesky_ex plus CPU's error check: csrc/aten/kernels.cpp
   // linalg_solve_triangular(a, y, upper, left, unit) = x with a x = y (left) or x a = y
   add_real_rule("aten::linalg_solve_triangular", [](Ctx& c) -> V {
     Builder& b = c.b;

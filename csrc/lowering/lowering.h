@@ -54,10 +54,19 @@ struct Arg {
   // the read for the trace key; scalar binds it as a parameter), so nothing a
   // rule puts into the program text can escape the key.
   void set_number(double v) { d_ = v; }
+  // A complex Python number: only Ctx::scalar reads it, for a complex type
+  // (any other read is Unsupported: the op takes the CPU fallback).
+  void set_complex(double re, double im) {
+    d_ = re;
+    imag_ = im;
+    complex_ = true;
+  }
+  bool is_complex_number() const { return complex_; }
 
  private:
   friend class Ctx;
-  double d_ = 0;
+  double d_ = 0, imag_ = 0;
+  bool complex_ = false;
 };
 
 // A Python number a rule read structurally (it shaped the program text):
@@ -88,7 +97,8 @@ class Env {
   virtual bool native_precision() const { return false; }
   // A data-dependent error check computed in the program: if `bad` (an i1
   // scalar) is true when it runs, the next host synchronisation raises
-  // `message` ("{}" replaced by `value`, an s64 scalar) as an IndexError
+  // `message` ("{}" replaced by `value`, an s64 scalar; "{f32,f32}" by the two float32
+  // bit patterns packed in it, high word first) as an IndexError
   // (index_error) or a RuntimeError. Engines without checks ignore it.
   virtual void check(Value bad, Value value, bool index_error, const std::string& message) {}
   // The value behind a scalar parameter this Env made (a Python number that came

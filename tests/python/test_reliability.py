@@ -511,3 +511,140 @@ def test_complex_ops_without_a_complex_rule_fall_back_correctly():
     for fn in (torch.sinh, torch.cosh, torch.asinh, lambda t: torch.logsumexp(t, 1), torch.linalg.inv,
                torch.linalg.det, lambda t: torch.linalg.solve(t, t[:, :1]), lambda t: torch.renorm(t, 2, 0, 1.0)):
         torch.testing.assert_close(fn(xt).cpu(), fn(x), **tol)
+
+
+# ---------------------------------------------------------------- memory overlap
+def _ar(dev):
+    return torch.arange(6.0, device=dev)
+
+
+def _out_over_input(op):
+    def f(dev):
+        a = _ar(dev)
+        return op(a, dev)
+    return f
+
+
+OVERLAPPING_WRITES = {
+    # TensorIterator ops: a write that partly overlaps an input, or an expanded destination
+    "add_out_partial": lambda a, d: torch.add(a[:5], 1, out=a[1:]),
+    "mul_out_partial": lambda a, d: torch.mul(a[1:], a[:5], out=a[:5]),
+    "add_inplace_expanded": lambda a, d: torch.ones(1, device=d).expand(3).add_(1),
+    "relu_inplace_expanded": lambda a, d: torch.zeros(1, device=d).expand(3).relu_(),
+    "normal_expanded": lambda a, d: torch.zeros(1, device=d).expand(3).normal_(),
+    "mm_out_expanded": lambda a, d: torch.mm(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d),
+                                             out=torch.ones(2, device=d).expand(2, 2)),
+    # ops that reject any overlap of the output with an input
+    "index_select_out_self": lambda a, d: torch.index_select(a, 0, torch.arange(6, device=d), out=a),
+    "gather_out": lambda a, d: torch.gather(a, 0, torch.tensor([0, 1], device=d), out=a[:2]),
+    "cat_out": lambda a, d: torch.cat([a[:2], a[2:4]], out=a[1:5]),
+    # copy_
+    "copy_partial": lambda a, d: a[1:].copy_(a[:5]),
+    "copy_to_expanded": lambda a, d: torch.zeros(1, device=d).expand(3).copy_(torch.ones(3)),
+    # an op without a tpu lowering (CPU fallback)
+    "fallback_out_partial": lambda a, d: torch.special.zeta(a[:5], 2.0, out=a[1:]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERLAPPING_WRITES))
+def test_overlapping_writes_raise_as_cpu(name):
+    f = _out_over_input(OVERLAPPING_WRITES[name])
+    with pytest.raises(RuntimeError) as ce:
+        f("cpu")
+    with pytest.raises(RuntimeError) as te:
+        f("tpu")
+    assert str(te.value).split("\n")[0] == str(ce.value).split("\n")[0]
+    assert "unsupported operation" in str(te.value)
+
+
+@pytest.mark.filterwarnings("ignore:Use of masked_fill_ on expanded tensors")
+def test_writes_cpu_accepts_with_overlap_still_work():
+    # fill_/zero_/masked_fill_ of an expanded tensor, a full overlap (x.add_(x), out=x),
+    # disjoint parts of one storage
+    cases = [
+        lambda d: torch.zeros(1, device=d).expand(3).fill_(2),
+        lambda d: torch.ones(1, device=d).expand(3).zero_(),
+        lambda d: torch.zeros(1, device=d).expand(3).masked_fill_(torch.tensor([True, False, True], device=d), 1.0),
+        lambda d: (lambda a: a.add_(a))(_ar(d)),
+        lambda d: (lambda a: torch.abs(a, out=a))(_ar(d)),
+        lambda d: (lambda a: a[:3].mul_(a[3:]))(_ar(d)),  # same storage, no overlap
+        lambda d: (lambda a: torch.sum(a[:4].view(2, 2), 1, out=a[4:]))(_ar(d)),
+    ]
+    for f in cases:
+        torch.testing.assert_close(f("tpu").cpu(), f("cpu"))
+
+
+# ---------------------------------------------------------------- data checks
+def test_cholesky_reports_lapacks_order(no_fallback):
+    a = torch.tensor([[4.0, 2.0, 0.0], [2.0, 1.0, 0.0], [0.0, 0.0, 1.0]])  # minor 2 is singular
+    batch = torch.stack([2 * torch.eye(3), a, -torch.eye(3), torch.tensor([[1.0, NAN, 0], [NAN, 1, 0], [0, 0, 1]])])
+    for x in (a, batch, a.double()):
+        info = torch.linalg.cholesky_ex(x.to("tpu")).info
+        assert torch.equal(info.cpu(), torch.linalg.cholesky_ex(x).info)
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 2 is not positive-definite"):
+        torch.linalg.cholesky(a.to("tpu"))
+    with pytest.raises(torch.linalg.LinAlgError, match=r"\(Batch element 1\): .* order 2 "):
+        torch.linalg.cholesky(batch.to("tpu"), upper=True)
+
+
+def test_deprecated_cholesky_raises_as_cpu():
+    a = torch.tensor([[1.0, 2.0], [2.0, 1.0]])
+    same_error(torch.cholesky, a)
+    pd = torch.tensor([[4.0, 2.0], [2.0, 3.0]])
+    torch.testing.assert_close(torch.cholesky(pd.to("tpu")).cpu(), torch.cholesky(pd))
+
+
+def test_histc_over_an_infinite_range_raises_as_cpu():
+    x = torch.tensor([1.0, 2.0, INF])
+    same_error(lambda t: torch.histc(t, bins=4, min=0, max=INF), torch.tensor([1.0, 2.0]))
+    with pytest.raises(RuntimeError, match=r"range of \[1, inf\] is not finite"):
+        torch.histc(x.to("tpu")).cpu()
+    with pytest.raises(RuntimeError, match=r"range of \[nan, nan\] is not finite"):
+        torch.histc(torch.tensor([1.0, NAN], device="tpu")).cpu()
+    with pytest.raises(RuntimeError, match=r"range of \[-inf, 1\] is not finite"):
+        torch.histc(torch.tensor([-INF, 1.0], device="tpu")).cpu()
+    # the device stays usable and finite data still bins as on CPU
+    y = torch.tensor([1.0, 2.0, 2.5])
+    torch.testing.assert_close(torch.histc(y.to("tpu"), bins=3).cpu(), torch.histc(y, bins=3))
+
+
+def test_searchsorted_sorter_checks_as_cpu():
+    seq, v = torch.tensor([1.0, 3.0, 2.0]), torch.tensor([2.0])
+    same_error(lambda s, x, o: torch.searchsorted(s, x, sorter=o), seq, v, torch.tensor([0.0, 2.0, 1.0]))
+    same_error(lambda s, x, o: torch.searchsorted(s, x, sorter=o), seq, v, torch.tensor([0, 2]))
+    with pytest.raises(RuntimeError, match="sorter index out of range"):
+        torch.searchsorted(seq.to("tpu"), v.to("tpu"), sorter=torch.tensor([0, 5, 1], device="tpu")).cpu()
+    ok = torch.tensor([0, 2, 1])
+    assert torch.equal(torch.searchsorted(seq.to("tpu"), v.to("tpu"), sorter=ok.to("tpu")).cpu(),
+                       torch.searchsorted(seq, v, sorter=ok))
+
+
+# ---------------------------------------------------------------- complex Python scalars
+def test_complex_scalar_parameters_are_lowered(no_fallback):
+    c = torch.arange(6.0).to(torch.complex64) * (1 - 0.5j)
+    mask = c.real > 2
+    parity(lambda t, m: t.masked_fill(m, 1 - 2j), c, mask)
+    parity(lambda t: t.index_fill(0, torch.tensor([1, 3], device=t.device), 3j), c)
+    parity(lambda t: t.mul(2 + 1j), c)
+    parity(lambda t: torch.add(t, t, alpha=1j), c)
+    parity(lambda t: torch.where(t.real > 2, t, 5j), c)
+    parity(lambda t: 1j - t, c)
+    parity(lambda t: t / (1 + 1j), c)
+    parity(lambda t: torch.zeros_like(t).fill_(1.5 + 0.25j), c.to(torch.complex128))
+    parity(lambda t: t.clone().fill_(2j), c)
+
+
+def test_complex_results_into_real_tensors_raise_as_cpu():
+    same_error(lambda t: t.add_(1j), torch.zeros(3))
+    same_error(lambda t: t.mul_(torch.tensor(1j)), torch.zeros(3))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: torch.clamp(x, 1.0), lambda x: torch.clamp(x, 1j), lambda x: torch.maximum(x, x),
+    lambda x: x.max(), lambda x: torch.sort(x), lambda x: x < x, lambda x: torch.relu(x),
+    lambda x: torch.floor(x), lambda x: torch.sign(x), lambda x: torch.fmod(x, 2),
+    lambda x: torch.remainder(x, 2), lambda x: torch.heaviside(x, x)],
+    ids=["clamp", "clamp_complex_bound", "maximum", "max", "sort", "lt", "relu", "floor", "sign", "fmod",
+         "remainder", "heaviside"])
+def test_ops_cpu_lacks_for_complex_raise_as_cpu(fn):
+    same_error(fn, torch.arange(3.0).to(torch.complex64))
