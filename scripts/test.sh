@@ -3,8 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (cd build && ctest --output-on-failure -j 2)
-.venv/bin/python -m pytest -q tests/python tests/ops tests/models "$@"
+# both cores (pytest-xdist): a file's tests, or one OpInfo sweep's (a class), share a worker
+PAR=(-n "${TT_TEST_JOBS:-2}" --dist loadscope)
+.venv/bin/python -m pytest -q "${PAR[@]}" tests/python tests/ops tests/models "$@"
 # the trace cache's contract: replayed programs equal the text their ops build
 # (a mismatch raises in verify mode)
-TORCH_TPU_TRACE_CACHE=verify .venv/bin/python -m pytest -q tests/python/test_fuzz_modes.py tests/python/test_ops.py \
+TORCH_TPU_TRACE_CACHE=verify .venv/bin/python -m pytest -q "${PAR[@]}" tests/python/test_fuzz_modes.py tests/python/test_ops.py \
   tests/python/test_trace.py "$@"

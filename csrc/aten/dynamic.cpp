@@ -4,6 +4,7 @@
 // the host sync such an op needs on any accelerator, and the result is then
 // built on the device with that size.
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 #include <torch/library.h>
 
@@ -60,6 +61,8 @@ at::Tensor& tpu_nonzero_out(const at::Tensor& self, at::Tensor& out) {
   check_out_device(self, out);
   TORCH_CHECK(out.dtype() == at::kLong, "nonzero: Expected out tensor to have scalar type Long ",
               "but got scalar type", out.scalar_type());  // CPU's message, spacing included
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, self);
   at::Tensor r = tpu_nonzero(self);
   at::native::resize_output(out, r.sizes());
   out.copy_(r);
@@ -92,6 +95,9 @@ at::Tensor tpu_masked_select(const at::Tensor& self, const at::Tensor& mask) {
 at::Tensor& tpu_masked_select_out(const at::Tensor& self, const at::Tensor& mask, at::Tensor& out) {
   check_out_device(self, out);
   TORCH_CHECK(self.scalar_type() == out.scalar_type(), "masked_select(): self and result must have the same scalar type");
+  at::assert_no_internal_overlap(out);  // CPU's checks
+  at::assert_no_overlap(out, self);
+  at::assert_no_overlap(out, mask);
   at::Tensor r = tpu_masked_select(self, mask);
   at::native::resize_output(out, r.sizes());
   out.copy_(r);

@@ -275,8 +275,8 @@ bool may_overlap(const c10::FunctionSchema& schema, const torch::jit::Stack& arg
 // not tell. A call with a complex operand is replayed once per op and dtypes on CPU
 // stand-ins; CPU's dtype error (NotImplementedError, or one naming complex types) is
 // raised here, any other outcome is the call's own (the stand-ins are zeros).
-std::mutex g_complex_mu;
-std::set<std::string> g_complex_ok;
+std::mutex g_complex_mu;  // also guards g_empty_ok (calls with only empty tensors, checked on CPU)
+std::set<std::string> g_complex_ok, g_empty_ok;
 
 std::mutex g_overlap_mu;
 std::set<std::string> g_overlap_ok;
@@ -729,6 +729,23 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
+  // Every output and input empty: the rule is skipped (nothing to compute), and with it
+  // the argument checks some Meta kernels leave to the CPU kernel (logcumsumexp's dim):
+  // the call runs once per signature on CPU, whose stand-ins are then the real data.
+  bool all_empty = !meta.rets.empty();
+  for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
+  if (all_empty) {
+    bool inputs_empty = true;
+    for_each_tensor(args, [&](const at::Tensor& t) { inputs_empty = inputs_empty && (!t.defined() || t.numel() == 0); });
+    std::unique_lock<std::mutex> lock(g_complex_mu);
+    if (inputs_empty && !g_empty_ok.count(key)) {
+      lock.unlock();
+      replay_on_cpu(op, args);
+      lock.lock();
+      g_empty_ok.insert(key);
+    }
+  }
+
   Engine& eng = Engine::get();
   engine::Graph& g = eng.graph(device);
   // the trace key: the signature plus where each tpu tensor lives in the graph
@@ -763,8 +780,6 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         out_types.push_back(m.defined ? hlo::Type{to_hlo(m.dtype), m.sizes} : hlo::Type{hlo::DType::F32, {}});
       lower::Ctx ctx(g.b, env, std::move(largs), out_types);
       // every output empty: nothing to compute (rules need not handle 0-element operands)
-      bool all_empty = !meta.rets.empty();
-      for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
       std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
                                               : guarded(info.name.c_str(), [&] {
                                                   // a rule that rejects the input, or cannot build it:

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import io
 import json
+import collections
 import os
 import re
 import sys
@@ -79,23 +80,7 @@ EXPECTED_FAIL = {
 }
 
 # error inputs (entry, error regex; "*": all of the entry's) whose error differs on tpu, with the reason
-_OVERLAP = ("memory-overlap checks between an out= tensor and the inputs are not made (tpu computes the result "
-            "as if the inputs were copied first)")
-_DATA_CHECK = "index values are data on the device; out-of-range indices are not checked (docs/STATUS.md)"
 EXPECTED_ERROR_FAIL = {
-    ("kthvalue", "unsupported operation"): _OVERLAP,
-    ("masked_select", "unsupported operation"): _OVERLAP,
-    ("gather", "unsupported operation"): _OVERLAP,
-    ("index_select", "unsupported operation"): _OVERLAP,
-    ("take", "unsupported operation"): _OVERLAP,
-    ("bernoulli", "unsupported operation"): _OVERLAP,
-    ("cat", "unsupported operation"): _OVERLAP,
-    ("cat", "the written-to tensor refer to a single memory location"): _OVERLAP,
-    ("gather", "index 23 is out of bounds for dimension"): _DATA_CHECK,
-    ("scatter", "index 34 is out of bounds for dimension 0 with size 3"): _DATA_CHECK,
-    ("scatter_add", "index 34 is out of bounds for dimension 0 with size 3"): _DATA_CHECK,
-    ("logcumsumexp", "Dimension out of range"): "an op whose outputs are all empty skips its rule, and with it the "
-                                                "dim check the Meta kernel leaves out",
 }
 
 # entries whose input gradients differ from CPU's, each with the reason
@@ -390,19 +375,44 @@ def run_entry(op, samples, dtype=torch.float32, inputs="sample"):
     return name, ("fallback" if fell_back else "pass"), ", ".join(sorted(FALLBACK_OPS))
 
 
-def _to_keep_grad(x, device):
+def _to_keep_grad(x, device, shared=None):
     """_to for CPU tensors, keeping requires_grad of floating leaves (some error inputs
-    are about autograd); tensors on other devices (meta) stay where they are."""
+    are about autograd); tensors on other devices (meta) stay where they are. Tensors
+    of x that share a CPU storage share one device storage too, at the same offsets
+    and strides, and expanded tensors stay expanded (memory-overlap error inputs:
+    `op(x, out=x[1:])`, `op(x, out=y.expand(3))`)."""
+    if shared is None:
+        counts = collections.Counter(
+            (t.untyped_storage().data_ptr(), t.dtype) for t in _flat_all(x)
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().nbytes())
+        shared = {k: None for k, n in counts.items() if n > 1}
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             return x
-        y = x.detach().to(device)
+        key = (x.untyped_storage().data_ptr(), x.dtype)
+        if torch._debug_has_internal_overlap(x) == 1:  # expanded: .to() would make it dense
+            shared.setdefault(key, None)
+        if key in shared:
+            if shared[key] is None:  # the whole storage, moved once
+                whole = torch.tensor([], dtype=x.dtype).set_(x.untyped_storage())
+                shared[key] = whole.detach().to(device)
+            y = shared[key].as_strided(x.size(), x.stride(), x.storage_offset())
+        else:
+            y = x.detach().to(device)
         return y.requires_grad_() if x.requires_grad and (y.is_floating_point() or y.is_complex()) else y
     if isinstance(x, (list, tuple)):
-        return type(x)(_to_keep_grad(v, device) for v in x)
+        return type(x)(_to_keep_grad(v, device, shared) for v in x)
     if isinstance(x, dict):
-        return {k: _to_keep_grad(v, device) for k, v in x.items()}
+        return {k: _to_keep_grad(v, device, shared) for k, v in x.items()}
     return x
+
+
+def _flat_all(x):
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in _flat_all(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _flat_all(v)]
+    return [x]
 
 
 def _raises(fn):
@@ -440,7 +450,10 @@ def run_errors(op):
         if ce is None or not isinstance(ce, ei.error_type) or not re.search(rx, str(ce)):
             out.append((name, rx, "skip", "CPU does not raise as described: " + (_one_line(ce) if ce else "no error")))
             continue
-        te = _raises(lambda: op(*_to_keep_grad((si.input,) + tuple(si.args), "tpu"), **_to_keep_grad(si.kwargs, "tpu")))
+        def on_tpu():
+            args, kwargs = _to_keep_grad(((si.input,) + tuple(si.args), si.kwargs), "tpu")
+            return op(*args, **kwargs)
+        te = _raises(on_tpu)
         if te is None:
             out.append((name, rx, "fail", "no error on tpu"))
         elif type(te) is not type(ce) or not re.search(rx, str(te)):

@@ -1,5 +1,5 @@
 """OpInfo parity over PyTorch's op_db, one test per entry and sweep (`pytest -k add`
-runs the entries whose name contains "add"):
+runs the entries whose name contains "add", `-k "Values_int8"` one sweep):
 
   values      sample inputs in float32 (with input gradients), bfloat16, int64,
               bool, uint8, int8, int16, uint16, uint32, uint64 (PyTorch's CPU
@@ -74,8 +74,7 @@ def _check(result, dtype, inputs):
         pytest.skip(why)
 
 
-@pytest.mark.parametrize("name,dtype", _params(VALUE_DTYPES))
-def test_values(name, dtype):
+def _run_values(name, dtype):
     op = _op(name)
     with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
         r = oi.run_entry(op, SAMPLES, dtype)
@@ -88,24 +87,11 @@ def test_values(name, dtype):
     _check(r, dtype, "sample")
 
 
-@pytest.mark.parametrize("name,dtype", _params(REFERENCE_DTYPES))
-def test_reference(name, dtype):
+def _run_reference(name, dtype):
     with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
         r = oi.run_entry(_op(name), REF_SAMPLES, dtype, "reference")
     RESULTS.setdefault(("reference", dtype), {})[name] = r
     _check(r, dtype, "reference")
-
-
-@pytest.mark.parametrize("name", [name for name, op in ENTRIES if op.error_inputs_func is not None])
-def test_errors(name):
-    rows = oi.run_errors(_op(name))
-    RESULTS.setdefault(("errors", None), {})[name] = rows
-    bad = [(rx, why) for _, rx, res, why in rows if res == "fail" and not oi.expected_error_fail(name, rx)]
-    assert not bad, f"{name}: {len(bad)} error inputs differ from CPU: {bad[:5]}"
-    if rows and all(r[2] != "pass" for r in rows):
-        if all(r[2] == "skip" for r in rows):
-            pytest.skip(rows[0][3])
-        pytest.xfail("; ".join(sorted({oi.expected_error_fail(name, r[1]) for r in rows if r[2] == "fail"})))
 
 
 def _complete(key, expected_names):
@@ -115,9 +101,7 @@ def _complete(key, expected_names):
     return got
 
 
-@pytest.mark.parametrize("sweep,dtype", [("values", d) for d in VALUE_DTYPES] + [("reference", d) for d in REFERENCE_DTYPES],
-                         ids=lambda v: str(v).replace("torch.", ""))
-def test_native_pass_counts(sweep, dtype):
+def _check_counts(sweep, dtype):
     names = [p.values[0] for p in _params([dtype])]
     got = _complete((sweep, dtype), names)
     results = list(got.values())
@@ -129,11 +113,47 @@ def test_native_pass_counts(sweep, dtype):
         assert oi.grad_summary(results)["pass"] >= GRAD_PASS_BASELINE
 
 
-def test_error_input_parity():
-    names = [name for name, op in ENTRIES if op.error_inputs_func is not None]
-    got = _complete(("errors", None), names)
-    rows = [r for rs in got.values() for r in rs]
-    counts = oi.error_summary(rows)
-    tested = counts["pass"] + counts["fail"]
-    assert tested >= 650, counts
-    assert counts["pass"] >= ERROR_PARITY_TARGET * tested, counts
+# One class per sweep and dtype: its entries, then the guard over their results.
+# (scripts/test.sh runs pytest-xdist with --dist loadscope, which keeps a class in one
+# worker, so the guard sees every result of its sweep.)
+def _sweep_class(sweep, dtype):
+    run = _run_values if sweep == "values" else _run_reference
+
+    class Sweep:
+        @pytest.mark.parametrize("name,dtype", _params([dtype]))
+        def test_entry(self, name, dtype):
+            run(name, dtype)
+
+        def test_native_pass_count(self):
+            _check_counts(sweep, dtype)
+
+    Sweep.__name__ = Sweep.__qualname__ = f"Test{sweep.capitalize()}_{str(dtype)[6:]}"
+    return Sweep
+
+
+for _sweep, _dtypes in (("values", VALUE_DTYPES), ("reference", REFERENCE_DTYPES)):
+    for _dt in _dtypes:
+        _cls = _sweep_class(_sweep, _dt)
+        globals()[_cls.__name__] = _cls
+
+
+class TestErrors:
+    @pytest.mark.parametrize("name", [name for name, op in ENTRIES if op.error_inputs_func is not None])
+    def test_errors(self, name):
+        rows = oi.run_errors(_op(name))
+        RESULTS.setdefault(("errors", None), {})[name] = rows
+        bad = [(rx, why) for _, rx, res, why in rows if res == "fail" and not oi.expected_error_fail(name, rx)]
+        assert not bad, f"{name}: {len(bad)} error inputs differ from CPU: {bad[:5]}"
+        if rows and all(r[2] != "pass" for r in rows):
+            if all(r[2] == "skip" for r in rows):
+                pytest.skip(rows[0][3])
+            pytest.xfail("; ".join(sorted({oi.expected_error_fail(name, r[1]) for r in rows if r[2] == "fail"})))
+
+    def test_error_input_parity(self):
+        names = [name for name, op in ENTRIES if op.error_inputs_func is not None]
+        got = _complete(("errors", None), names)
+        rows = [r for rs in got.values() for r in rs]
+        counts = oi.error_summary(rows)
+        tested = counts["pass"] + counts["fail"]
+        assert tested >= 650, counts
+        assert counts["pass"] >= ERROR_PARITY_TARGET * tested, counts

@@ -541,6 +541,9 @@ OVERLAPPING_WRITES = {
     # copy_
     "copy_partial": lambda a, d: a[1:].copy_(a[:5]),
     "copy_to_expanded": lambda a, d: torch.zeros(1, device=d).expand(3).copy_(torch.ones(3)),
+    # the data-dependent ops
+    "masked_select_out_self": lambda a, d: torch.masked_select(a, a > 2, out=a),
+    "nonzero_out_expanded": lambda a, d: torch.nonzero(a, out=torch.zeros(1, 1, dtype=torch.long, device=d).expand(5, 1)),
     # an op without a tpu lowering (CPU fallback)
     "fallback_out_partial": lambda a, d: torch.special.zeta(a[:5], 2.0, out=a[1:]),
 }
@@ -648,3 +651,10 @@ def test_complex_results_into_real_tensors_raise_as_cpu():
          "remainder", "heaviside"])
 def test_ops_cpu_lacks_for_complex_raise_as_cpu(fn):
     same_error(fn, torch.arange(3.0).to(torch.complex64))
+
+
+def test_calls_with_only_empty_tensors_check_their_arguments_as_cpu():
+    # the rule is skipped when there is nothing to compute; CPU's argument checks are not
+    same_error(lambda t: torch.logcumsumexp(t, 5), torch.empty(0))
+    same_error(lambda t: torch.cumsum(t, -3), torch.empty(0, 2))
+    assert torch.logcumsumexp(torch.empty(0, device="tpu"), 0).shape == (0,)
