@@ -2,6 +2,7 @@
 // op, the storage/view kernels, copies, and the CPU fallback.
 #include <cstring>
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/autocast_mode.h>
@@ -218,6 +219,14 @@ std::string signature(const c10::OperatorHandle& op, const torch::jit::Stack& ar
   return k;
 }
 
+// A replay on CPU stand-ins must not advance the user's CPU random stream (a random op
+// replayed for its checks): the default CPU generator's state is put back afterwards.
+struct KeepCpuRng {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  at::Tensor state = gen.get_state();
+  ~KeepCpuRng() { gen.set_state(state); }
+};
+
 void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
   int64_t total = 0;
   for (const auto& v : args)
@@ -225,6 +234,7 @@ void replay_on_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args)
   if (total > (int64_t(1) << 26)) return;  // too large to stand in for; keep the Meta error
   torch::jit::Stack cs;
   for (const auto& v : args) cs.push_back(cpu_ivalue(v));
+  KeepCpuRng keep;
   op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cs);  // throws the CPU error
 }
 
@@ -323,6 +333,7 @@ void check_overlap(const c10::OperatorHandle& op, const torch::jit::Stack& args)
         },
         c10::Device(c10::kCPU)));
   try {
+    KeepCpuRng keep;
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &cs);
   } catch (const c10::Error& e) {
     if (std::string(e.what_without_backtrace()).find("unsupported operation:") != std::string::npos) throw;
