@@ -763,18 +763,9 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   engine::Op rec{info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), true,
                  std::move(key), {}, {}};
   if (eng.tracing()) {
-    auto add = [&](const at::Tensor& t) {
+    for_each_tensor(args, [&](const at::Tensor& t) {
       if (t.defined() && t.device().type() == kTpu) rec.views.push_back(view_of(t));
-    };
-    for (const auto& v : args) {
-      if (v.isTensor()) add(v.toTensor());
-      else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) add(t);
-      else if (v.isList()) {
-        auto l = v.toList();
-        for (size_t i = 0; i < l.size(); ++i)
-          if (l.get(i).isTensor()) add(l.get(i).toTensor());
-      }
-    }
+    });
     rec.current = [&](int a) -> double {
       if (a < 0) return static_cast<double>(OpEnv::current_precision());
       const c10::IValue& v = args[info.rule_args[a]];
