@@ -86,7 +86,6 @@ def _start():
         _default_accelerate_device()
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    _device_module._hook_torch_matmul_precision()
     # tpu kernels written in Python at the key the backend owns (see each module)
     from . import _amp, _fused_optim, _grouped_mm
 

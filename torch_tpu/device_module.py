@@ -290,7 +290,9 @@ def _thread_override():
 
 def set_matmul_precision(p):
     """Sets the process-wide precision of float32 matmul-like ops on tpu
-    (`with torch.tpu.precision(p)` overrides it for one thread)."""
+    (`with torch.tpu.precision(p)` overrides it for one thread). A later
+    torch.set_float32_matmul_precision("medium"|"high"|"highest") (ATen's setting,
+    which tpu reads) takes over with DEFAULT|HIGH|HIGHEST, until this is called again."""
     _C._set_precision(int(Precision(p)))
 
 
@@ -298,26 +300,6 @@ def get_matmul_precision():
     """The precision in effect on this thread."""
     o = _thread_override()
     return o if o is not None else Precision(_C._get_precision())
-
-
-_TORCH_NAMES = {"medium": Precision.DEFAULT, "high": Precision.HIGH, "highest": Precision.HIGHEST}
-
-
-def _hook_torch_matmul_precision():
-    """torch.set_float32_matmul_precision("medium"|"high"|"highest") also sets the
-    tpu mode (DEFAULT|HIGH|HIGHEST); what it means for CPU and CUDA is unchanged."""
-    orig = torch.set_float32_matmul_precision
-    if getattr(orig, "_tpu", False):
-        return
-
-    def set_float32_matmul_precision(precision):
-        orig(precision)
-        if _init_error is None and precision in _TORCH_NAMES:
-            set_matmul_precision(_TORCH_NAMES[precision])
-
-    set_float32_matmul_precision.__doc__ = orig.__doc__
-    set_float32_matmul_precision._tpu = True
-    torch.set_float32_matmul_precision = set_float32_matmul_precision
 
 
 @contextlib.contextmanager

@@ -482,7 +482,7 @@ class OpEnv final : public lower::Env {
       }
       if (v >= 0 && v <= 2) return static_cast<lower::Precision>(v);
     }
-    return Engine::get().precision();
+    return process_precision();
   }
   bool native_precision() const override { return rt::Client::get().platform_name() == "tpu"; }
   void check(hlo::Value bad, hlo::Value value, bool index_error, const std::string& message) override {
@@ -1074,6 +1074,36 @@ bool tpu_has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tens
 }  // namespace
 
 lower::Precision current_precision() { return OpEnv::current_precision(); }
+
+namespace {
+// ATen's float32 matmul setting as CPU's matmuls read it (torch.set_float32_matmul_precision sets it,
+// as do torch.backends.fp32_precision and torch.backends.mkldnn.matmul.fp32_precision): -1 while unset.
+int aten_matmul_precision() {
+  switch (at::globalContext().float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL)) {
+    case at::Float32Precision::IEEE: return static_cast<int>(lower::Precision::HIGHEST);
+    case at::Float32Precision::TF32: return static_cast<int>(lower::Precision::HIGH);
+    case at::Float32Precision::BF16: return static_cast<int>(lower::Precision::DEFAULT);
+    default: return -1;
+  }
+}
+// ATen's setting as last seen, and whether it changed after torch.tpu.set_matmul_precision last ran:
+// whichever of the two was set later applies (a change ATen undoes before tpu reads it again is missed).
+std::atomic<int> g_aten_seen{-1};
+std::atomic<bool> g_aten_later{true};
+}  // namespace
+
+lower::Precision process_precision() {
+  int a = aten_matmul_precision();
+  if (a != g_aten_seen.exchange(a)) g_aten_later = a >= 0;
+  if (g_aten_later && a >= 0) return static_cast<lower::Precision>(a);
+  return Engine::get().precision();
+}
+
+void set_process_precision(lower::Precision p) {
+  g_aten_seen = aten_matmul_precision();
+  g_aten_later = false;
+  Engine::get().set_precision(p);
+}
 std::string current_python_site() { return python_site(); }
 
 // ---------------------------------------------------------------- registration

@@ -446,9 +446,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_precision", [](int p) {
     py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
-    engine::Engine::get().set_precision(static_cast<lower::Precision>(p));
+    aten::set_process_precision(static_cast<lower::Precision>(p));
   });
-  m.def("_get_precision", [] { return static_cast<int>(engine::Engine::get().precision()); });
+  m.def("_get_precision", [] { return static_cast<int>(aten::process_precision()); });
   m.def("metrics", &metrics_dict);
   m.def("reset_metrics", &reset_metrics, py::call_guard<py::gil_scoped_release>());
   m.def("lowered_ops", [] { return aten::lowered_op_names(); });

@@ -54,6 +54,10 @@ std::optional<at::Tensor> masked_put_as_where(const std::string& name, const std
 
 // The matmul precision in effect on this thread (torch.tpu.precision, else the process-wide mode).
 lower::Precision current_precision();
+// The process-wide mode: torch.tpu.set_matmul_precision's, or ATen's float32 matmul setting
+// (torch.set_float32_matmul_precision: medium/high/highest = DEFAULT/HIGH/HIGHEST) when that changed later.
+lower::Precision process_precision();
+void set_process_precision(lower::Precision p);
 // "file.py:12 (in f)" of the innermost user Python frame, or "".
 std::string current_python_site();
 

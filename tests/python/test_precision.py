@@ -105,6 +105,9 @@ def test_conv_follows_the_mode():
 
 
 def test_torch_set_float32_matmul_precision_maps_to_tpu_only():
+    # tpu reads ATen's setting; torch's setter is torch's own, not wrapped
+    assert torch.set_float32_matmul_precision.__module__ == "torch"
+    assert not hasattr(torch.set_float32_matmul_precision, "_tpu")
     prev = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")
@@ -114,9 +117,34 @@ def test_torch_set_float32_matmul_precision_maps_to_tpu_only():
         assert torch.tpu.get_matmul_precision() == P.HIGHEST
         torch.set_float32_matmul_precision("medium")
         assert torch.tpu.get_matmul_precision() == P.DEFAULT
+        # whichever was set last applies: torch.tpu's setter, then ATen's again
+        torch.set_float32_matmul_precision("highest")
+        torch.tpu.set_matmul_precision(P.HIGH)
+        assert torch.tpu.get_matmul_precision() == P.HIGH
+        assert torch.get_float32_matmul_precision() == "highest"
+        # ATen's value unchanged since torch.tpu's call: that call stays the later one (a documented limit)
+        assert torch.tpu.get_matmul_precision() == P.HIGH
+        torch.set_float32_matmul_precision("medium")
+        assert torch.tpu.get_matmul_precision() == P.DEFAULT
     finally:
         torch.set_float32_matmul_precision(prev)
         torch.tpu.set_matmul_precision(P.DEFAULT)
+
+
+def test_aten_precision_reaches_the_lowering():
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    ref = a.double() @ b.double()
+    prev = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        lo = rel_err((a.to("tpu") @ b.to("tpu")).cpu(), ref)
+        torch.set_float32_matmul_precision("highest")
+        hi = rel_err((a.to("tpu") @ b.to("tpu")).cpu(), ref)
+    finally:
+        torch.set_float32_matmul_precision(prev)
+        torch.tpu.set_matmul_precision(P.DEFAULT)
+    assert hi < 2 ** -19 < lo, (hi, lo)
 
 
 def test_precision_context_is_thread_local_and_reaches_backward():
