@@ -276,8 +276,16 @@ void register_elementwise() {
   // ---- arithmetic: add(a, b, alpha) = a + alpha * b, f16/bf16 computed in f32 and rounded
   // once (as CPU and CUDA: 60000 + 2 * -60000 in half is -60000, not -inf; a Python
   // number out of half's range, x + -70000, is not rounded to -inf first)
-  auto add_like = [](bool subtract) {
-    return [subtract](Ctx& c) -> V {
+  // CPU's kernel (not the Meta one) rejects a bool alpha for a non-bool result
+  auto check_alpha = [](Ctx& c) {
+    if (!c.has(2)) return;
+    const Arg& alpha = c.arg(2);
+    if ((alpha.kind == Arg::Bool || alpha.scalar_is_bool) && c.odt() != DType::Pred)
+      throw UserError("Boolean alpha only supported for Boolean results.");
+  };
+  auto add_like = [check_alpha](bool subtract) {
+    return [subtract, check_alpha](Ctx& c) -> V {
+      check_alpha(c);
       DType t = c.odt(), ct = compute_type(t);
       Value a = c.in_out(0, ct), b = c.in_out(1, ct);
       if (c.has(2) && !c.num_is(2, 1.0)) b = c.b.mul(b, c.in_out(2, ct));
@@ -288,7 +296,8 @@ void register_elementwise() {
   for (auto n : {"aten::sub.Tensor", "aten::sub.Scalar"}) add_rule(n, add_like(true));
   // rsub(a, b, alpha) = b - alpha * a (f16/bf16 in f32, as add)
   for (auto n : {"aten::rsub.Tensor", "aten::rsub.Scalar"})
-    add_rule(n, [](Ctx& c) -> V {
+    add_rule(n, [check_alpha](Ctx& c) -> V {
+      check_alpha(c);
       DType t = c.odt(), ct = compute_type(t);
       Value a = c.in_out(0, ct), b = c.in_out(1, ct);
       if (c.has(2) && !c.num_is(2, 1.0)) a = c.b.mul(a, c.in_out(2, ct));

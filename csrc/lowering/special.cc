@@ -445,6 +445,7 @@ void register_special() {
     DType ot = c.odt(), t = compute_type(ot);
     Value x = c.in_out(0, t);
     int64_t p = c.int_(1);
+    if (p < 1) throw UserError("p has to be greater than or equal to 1");  // CPU's check (not the Meta kernel's)
     auto round = [&](Value v) { return b.convert(b.convert(v, ot), t); };
     Value r = k(b, 0, x);
     for (int64_t j = 0; j < p; ++j) r = b.add(r, round(chlo(b, "chlo.lgamma", {round(b.sub(x, k(b, j / 2.0, x)))})));

@@ -671,3 +671,19 @@ def test_checks_replayed_on_cpu_leave_the_cpu_random_stream_alone():
     torch.bernoulli(a[:3], out=a[3:])
     torch.bernoulli(a[:3], out=a[:3])  # a view written over an equal view: checked on CPU
     assert torch.equal(torch.rand(4), expected)
+
+
+@pytest.mark.parametrize("fn", [lambda t: torch.add(t, t, alpha=True), lambda t: torch.sub(t, t, alpha=True),
+                                lambda t: torch.rsub(t, t, alpha=True), lambda t: t.add_(t, alpha=False)],
+                         ids=["add", "sub", "rsub", "add_"])
+def test_bool_alpha_for_a_non_bool_result_raises_as_cpu(fn):
+    # the Meta kernels accept it; CPU's kernels reject it (PyTorch's test_binary_ufuncs test_add)
+    same_error(fn, torch.tensor([1, 2], dtype=torch.int8))
+    b = torch.tensor([True, False], device="tpu")
+    assert torch.equal(torch.add(b, b, alpha=True).cpu(), torch.tensor([True, False]))
+
+
+def test_mvlgamma_order_check_as_cpu():
+    # p < 1 is rejected by CPU's kernel, not the Meta kernel
+    same_error(lambda t: torch.mvlgamma(t, 0), torch.tensor([0.2, 3.0]))
+    same_error(lambda t: torch.mvlgamma(t, -1), torch.tensor([2.0]))
