@@ -344,6 +344,7 @@ py::dict metrics_dict() {
   d["captures"] = m.captures.load();
   d["compiled_runs"] = m.compiled_runs.load();
   d["frequent_compiles"] = m.frequent_compiles.load();
+  d["map_releases"] = m.map_releases.load();
   return d;
 }
 
@@ -351,7 +352,7 @@ void reset_metrics() {
   auto& m = engine::Engine::get().metrics;
   for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes, &m.disk_hits, &m.disk_misses,
                   &m.disk_writes, &m.disk_errors, &m.trace_hits, &m.trace_ops, &m.trace_exits, &m.trace_recorded,
-                  &m.trace_verify_failures, &m.captures, &m.compiled_runs, &m.frequent_compiles,
+                  &m.trace_verify_failures, &m.captures, &m.compiled_runs, &m.frequent_compiles, &m.map_releases,
                   &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
     *c = 0;
   aten::reset_fallback_counts();

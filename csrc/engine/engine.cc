@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -581,6 +582,43 @@ void Engine::raise_device_errors(int device) {
   throw DeviceCheckError(msg, index_error);
 }
 
+namespace {
+long read_number(const char* path, long fallback) {
+  std::ifstream in(path);
+  long v = 0;
+  return in >> v ? v : fallback;
+}
+
+long count_lines(const char* path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return -1;
+  long n = 0;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) n += std::count(buf, buf + in.gcount(), '\n');
+  return n;
+}
+}  // namespace
+
+// A loaded executable keeps a few memory mappings of its JIT code (about three on the XLA CPU
+// plugin, more for large programs). A process may hold vm.max_map_count mappings; a plugin that
+// runs out fails inside LLVM and takes the process down. So every 32 loads the mappings are
+// counted, and past half of the limit the caches let go of their executables (programs held
+// elsewhere, such as compiled graphs, stay loaded).
+void Engine::relieve_map_pressure() {
+  if (++loads_since_map_check_ < 32) return;
+  loads_since_map_check_ = 0;
+  static const long limit = [] {  // TORCH_TPU_MAX_MAP_COUNT: a lower limit (tests)
+    const char* e = std::getenv("TORCH_TPU_MAX_MAP_COUNT");
+    long sys = read_number("/proc/sys/vm/max_map_count", 65530);
+    return e && std::atol(e) > 0 ? std::min(sys, std::atol(e)) : sys;
+  }();
+  long n = count_lines("/proc/self/maps");
+  if (n < 0 || n < limit / 2) return;
+  cache_.clear();
+  clear_traces();
+  metrics.map_releases++;
+}
+
 rt::ExecutablePtr Engine::compile(const std::string& text) {
   auto it = cache_.find(text);
   if (it != cache_.end()) {
@@ -588,6 +626,7 @@ rt::ExecutablePtr Engine::compile(const std::string& text) {
     return it->second;
   }
   metrics.cache_misses++;
+  relieve_map_pressure();
   if (auto cached = disk_load(text)) {
     if (cache_.size() >= 8192) cache_.clear();
     cache_[text] = cached;

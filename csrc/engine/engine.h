@@ -112,6 +112,8 @@ struct Metrics {
   std::atomic<int64_t> captures{0}, compiled_runs{0};
   // op sequences that kept compiling new programs (warned once each)
   std::atomic<int64_t> frequent_compiles{0};
+  // times the caches let go of their executables because the process neared vm.max_map_count
+  std::atomic<int64_t> map_releases{0};
 };
 
 // A recorded op sequence: the key of each op (everything its program text
@@ -383,6 +385,8 @@ class Engine {
   size_t trace_count_ = 0;
   bool trace_on_ = true, trace_verify_ = false;
   rt::ExecutablePtr disk_load(const std::string& text);
+  void relieve_map_pressure();
+  int loads_since_map_check_ = 0;
   void disk_store(const std::string& text, const rt::Executable& exe);
 };
 

@@ -687,3 +687,22 @@ def test_mvlgamma_order_check_as_cpu():
     # p < 1 is rejected by CPU's kernel, not the Meta kernel
     same_error(lambda t: torch.mvlgamma(t, 0), torch.tensor([0.2, 3.0]))
     same_error(lambda t: torch.mvlgamma(t, -1), torch.tensor([2.0]))
+
+
+def test_caches_let_go_of_executables_near_the_map_count_limit():
+    # every loaded executable keeps memory mappings; at vm.max_map_count the plugin's LLVM fails
+    # and the process dies (seen after ~6000 of PyTorch's test_binary_ufuncs tests)
+    code = textwrap.dedent("""
+        import torch, torch_tpu
+        def maps():
+            return sum(1 for _ in open("/proc/self/maps"))
+        start = maps()
+        for i in range(1, 401):
+            (torch.ones(i, device="tpu") * 2).cpu()
+        print(maps() - start, torch_tpu.metrics.report()["map_releases"])
+    """)
+    env = dict(os.environ, TORCH_TPU_MAX_MAP_COUNT="1600", TORCH_TPU_CACHE_DIR="")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown, releases = map(int, out.stdout.split()[-2:])
+    assert releases >= 1 and grown < 1600, (grown, releases)
