@@ -62,6 +62,9 @@ struct OpInfo {
   std::vector<int> ret_alias;       // per return: aliased (written) argument, or -1
   bool factory = false;             // no tensor inputs among rule_args
   bool mask_indices = false;        // x[indices] ops: boolean masks become coordinates first
+  // an in-place or out= variant of an elementwise op: the functional op, whose result
+  // type the rule computes in before the cast into the target (lower::casts_to_output)
+  std::optional<c10::OperatorHandle> functional;
 };
 
 std::mutex g_info_mu;
@@ -87,6 +90,11 @@ const OpInfo& info_for(const c10::OperatorHandle& op) {
   info.name = op_name(s.operator_name());
   auto r = g_rule_for.find(info.name);
   info.rule = r == g_rule_for.end() ? nullptr : lower::find_rule(r->second);
+  if (info.rule && r->second != info.name && lower::casts_to_output(r->second)) {
+    auto dot = r->second.find('.', 6);
+    info.functional = c10::Dispatcher::singleton().findSchema(
+        {r->second.substr(0, dot), dot == std::string::npos ? "" : r->second.substr(dot + 1)});
+  }
   const auto& args = s.arguments();
   bool any_tensor = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -757,6 +765,35 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
 
+  // An in-place or out= variant of an elementwise op whose target differs in dtype from
+  // an input computes in the functional op's result type and casts into the target, as
+  // CPU's TensorIterator does: fmod(int16, int32, out=complex64) is an int32 fmod
+  // (XLA has no complex remainder), a_f32.add_(b_f64) adds in float64.
+  std::vector<std::optional<c10::ScalarType>> compute_dtype(meta.rets.size());
+  if (info.functional) {
+    bool differs = false;
+    for (int i : info.rule_args) {
+      if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
+      for (const auto& m : meta.rets) differs |= m.defined && args[i].toTensor().scalar_type() != m.dtype;
+    }
+    if (differs) {
+      torch::jit::Stack fargs;
+      for (int i : info.rule_args) fargs.push_back(args[i]);
+      std::string fkey;
+      MetaResult fm;
+      bool ok = true;
+      try {
+        fm = run_meta(*info.functional, fargs, false, fkey);
+      } catch (...) {  // the functional call is not one the Meta kernels take: keep the target's type
+        ok = false;
+      }
+      for (size_t k = 0; ok && k < meta.rets.size() && k < fm.rets.size(); ++k)
+        if (meta.rets[k].defined && fm.rets[k].defined && fm.rets[k].dtype != meta.rets[k].dtype &&
+            dtype_supported(fm.rets[k].dtype))
+          compute_dtype[k] = fm.rets[k].dtype;
+    }
+  }
+
   Engine& eng = Engine::get();
   engine::Graph& g = eng.graph(device);
   // the trace key: the signature plus where each tpu tensor lives in the graph
@@ -778,8 +815,11 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       OpEnv env(g, device);
       auto largs = rule_args(schema, info.rule_args, args, env, [&](const at::Tensor& t) { return g.load(view_of(t)); });
       std::vector<hlo::Type> out_types;
-      for (auto& m : meta.rets)
-        out_types.push_back(m.defined ? hlo::Type{to_hlo(m.dtype), m.sizes} : hlo::Type{hlo::DType::F32, {}});
+      for (size_t k = 0; k < meta.rets.size(); ++k) {
+        const auto& m = meta.rets[k];
+        out_types.push_back(m.defined ? hlo::Type{to_hlo(compute_dtype[k].value_or(m.dtype)), m.sizes}
+                                      : hlo::Type{hlo::DType::F32, {}});
+      }
       lower::Ctx ctx(g.b, env, std::move(largs), out_types);
       // every output empty: nothing to compute (rules need not handle 0-element operands)
       std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
@@ -809,6 +849,8 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (!meta.rets[k].defined) continue;
         int a = info.ret_alias[k];
         outs[k] = a >= 0 ? args[a].toTensor() : new_tpu_tensor(meta.rets[k], device);
+        if (res[k].valid() && compute_dtype[k])
+          res[k] = guarded(info.name.c_str(), [&] { return g.b.convert(res[k], to_hlo(meta.rets[k].dtype)); });
         if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_of(outs[k]), res[k]); return 0; });
       }
       return reads;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "lowering/lowering.h"
 
@@ -16,9 +17,27 @@ std::unordered_map<std::string, Rule>& registry() {
 [[noreturn]] void bad_arg(size_t i, const char* want) {
   throw hlo::BuildError("lowering: argument " + std::to_string(i) + " is not " + want);
 }
+
+std::unordered_set<std::string>& casting() {
+  static std::unordered_set<std::string> c;
+  return c;
+}
+// the rules a family's register function added
+template <typename F>
+void mark_casting(F register_family) {
+  auto before = registry().size();
+  std::unordered_set<std::string> old;
+  for (auto& kv : registry()) old.insert(kv.first);
+  register_family();
+  if (registry().size() == before) return;
+  for (auto& kv : registry())
+    if (!old.count(kv.first)) casting().insert(kv.first);
+}
 }  // namespace
 
 void add_rule(const std::string& name, Rule r) { registry()[name] = std::move(r); }
+
+bool casts_to_output(const std::string& name) { return casting().count(name) > 0; }
 
 const Rule* find_rule(const std::string& name) {
   auto& r = registry();
@@ -36,7 +55,7 @@ std::vector<std::string> rule_names() {
 void register_all() {
   static std::once_flag once;
   std::call_once(once, [] {
-    register_elementwise();
+    mark_casting(register_elementwise);
     register_reduction();
     register_shape();
     register_indexing();
@@ -46,7 +65,7 @@ void register_all() {
     register_resample();
     register_fft();
     register_pooling();
-    register_special();
+    mark_casting(register_special);
   });
 }
 

@@ -188,6 +188,10 @@ using Rule = std::function<std::vector<Value>(Ctx&)>;
 void add_rule(const std::string& schema_name, Rule r);
 const Rule* find_rule(const std::string& schema_name);
 std::vector<std::string> rule_names();
+// Rules of the elementwise families (PyTorch's TensorIterator ops): they compute in
+// the result type of their inputs, and an in-place or out= variant whose target has
+// another dtype computes that type and is cast into the target, as on CPU.
+bool casts_to_output(const std::string& schema_name);
 
 // ---- shared helpers (defined in common.cc)
 // d wrapped into [0, rank) (a 0-dim tensor takes -1 and 0); IndexError with

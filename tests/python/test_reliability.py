@@ -706,3 +706,39 @@ def test_caches_let_go_of_executables_near_the_map_count_limit():
     assert out.returncode == 0, out.stderr[-2000:]
     grown, releases = map(int, out.stdout.split()[-2:])
     assert releases >= 1 and grown < 1600, (grown, releases)
+
+
+# ---------------------------------------------------------------- out= / in-place targets of another dtype
+OUT_OPS = {"fmod": torch.fmod, "remainder": torch.remainder, "add": torch.add, "mul": torch.mul,
+           "floor_divide": torch.floor_divide, "div_floor": lambda a, b, out: torch.div(a, b, rounding_mode="floor", out=out),
+           "maximum": torch.maximum, "eq": torch.eq, "atan2": torch.atan2, "copysign": torch.copysign}
+
+
+@pytest.mark.parametrize("name", sorted(OUT_OPS))
+def test_out_of_another_dtype_computes_in_the_inputs_result_type(name):
+    # CPU computes in the inputs' result type and casts into out: fmod(int16, int32,
+    # out=complex64) is an int32 fmod (as a complex remainder it crashed XLA's compiler;
+    # PyTorch's test_binary_ufuncs test_type_promotion)
+    op = OUT_OPS[name]
+    a = torch.tensor([-7, 5, 9, -3, 11, 6], dtype=torch.int16)
+    b = torch.tensor([3, -2, 4, 5, -4, 6], dtype=torch.int32)
+    for dt in [torch.int64, torch.int16, torch.float16, torch.bfloat16, torch.float32, torch.complex64]:
+        try:
+            expected = op(a, b, out=torch.empty(6, dtype=dt))
+        except RuntimeError:  # a result type CPU cannot cast into this out: the same error on tpu
+            same_error(lambda x, y: op(x, y, out=torch.empty(6, dtype=dt, device=x.device)), a, b)
+            continue
+        out = torch.empty(6, dtype=dt, device="tpu")
+        got = op(a.to("tpu"), b.to("tpu"), out=out)
+        assert got.dtype == dt and got.data_ptr() == out.data_ptr()
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_in_place_into_another_dtype_computes_in_the_inputs_result_type():
+    # a_f32.mul_(b_f64) multiplies in float64 and rounds once, as CPU does
+    a = torch.tensor([3.0, 1.0 / 3, 7.0, 1e-3], dtype=torch.float32)
+    b = torch.tensor([1.0 / 3, 3.0, 1.0 / 7, 1e3 + 1e-9], dtype=torch.float64)
+    parity(lambda x, y: x.clone().mul_(y), a, b, rtol=0, atol=0)
+    parity(lambda x, y: x.clone().add_(y), a, b, rtol=0, atol=0)
+    i = torch.tensor([1, 2, 3], dtype=torch.int64)
+    parity(lambda x, y: x.clone().eq_(y), torch.tensor([1.0, 2.5, 3.0]), i)
