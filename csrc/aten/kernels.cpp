@@ -744,7 +744,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (a < 0 || !meta.rets[k].defined) continue;
     at::Tensor t = args[a].toTensor();
     if (t.sizes().vec() != meta.rets[k].sizes) {
-      at::native::resize_output(t, meta.rets[k].sizes);
+      t.resize_(meta.rets[k].sizes);  // the Meta kernel has given resize_output's warning already
     }
   }
 
@@ -787,10 +787,16 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       } catch (...) {  // the functional call is not one the Meta kernels take: keep the target's type
         ok = false;
       }
-      for (size_t k = 0; ok && k < meta.rets.size() && k < fm.rets.size(); ++k)
-        if (meta.rets[k].defined && fm.rets[k].defined && fm.rets[k].dtype != meta.rets[k].dtype &&
-            dtype_supported(fm.rets[k].dtype))
-          compute_dtype[k] = fm.rets[k].dtype;
+      for (size_t k = 0; ok && k < meta.rets.size() && k < fm.rets.size(); ++k) {
+        if (!meta.rets[k].defined || !fm.rets[k].defined || fm.rets[k].dtype == meta.rets[k].dtype) continue;
+        // an in-place target that cannot hold the result (int.mul_(float)): CPU's cast error,
+        // which the Meta kernels of in-place ops do not raise (those of out= variants do)
+        if (!c10::canCast(fm.rets[k].dtype, meta.rets[k].dtype)) {
+          replay_on_cpu(op, args);
+          continue;  // CPU accepts it (an op that is not a plain TensorIterator one): as the target's type
+        }
+        if (dtype_supported(fm.rets[k].dtype)) compute_dtype[k] = fm.rets[k].dtype;
+      }
     }
   }
 

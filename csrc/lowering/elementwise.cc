@@ -248,6 +248,9 @@ V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
 // pow(x, e) with the common exponents spelled out (structural on the exponent).
 V pow_scalar(Ctx& c) {
   DType t = c.odt();
+  // CPU's check (the Meta kernel has none): an integer tensor to a negative integer power
+  if ((hlo::is_int(t) || t == DType::Pred) && c.check_number(1) < 0)
+    throw UserError("Integers to negative integer powers are not allowed.");
   Value x = c.in_out(0, t);
   double e = c.num(1);
   Builder& b = c.b;
@@ -283,11 +286,30 @@ void register_elementwise() {
     if ((alpha.kind == Arg::Bool || alpha.scalar_is_bool) && c.odt() != DType::Pred)
       throw UserError("Boolean alpha only supported for Boolean results.");
   };
-  auto add_like = [check_alpha](bool subtract) {
-    return [subtract, check_alpha](Ctx& c) -> V {
+  // CPU's kernels reject bool operands of a subtraction (the Meta kernels of the
+  // Scalar and in-place forms do not); the replay gives CPU's message
+  auto check_bool_sub = [](Ctx& c) {
+    for (size_t i : {size_t(0), size_t(1)}) {
+      if (!c.has(i)) continue;
+      const Arg& a = c.arg(i);
+      bool is_bool = a.kind == Arg::Tensor ? a.tensor.dtype() == DType::Pred : (a.kind == Arg::Bool || a.scalar_is_bool);
+      if (is_bool) throw UserError("Subtraction, the `-` operator, with a bool tensor is not supported.");
+    }
+  };
+  // complex a + alpha * b multiplies by alpha (1, or -1 for a subtraction) as a complex
+  // number even where it is 1, as CPU's kernels do: (1+1j) + (inf+infj) is nan+nanj there
+  auto complex_axpy = [](Ctx& c, Value a, Value b, bool negate, DType ct) {
+    Value alpha = c.has(2) ? c.in_out(2, ct) : c.b.scalar_like(1.0, b);
+    if (negate) alpha = c.b.unary("negate", alpha);
+    return c.b.add(a, c.b.mul(alpha, b));
+  };
+  auto add_like = [check_alpha, check_bool_sub, complex_axpy](bool subtract) {
+    return [subtract, check_alpha, check_bool_sub, complex_axpy](Ctx& c) -> V {
       check_alpha(c);
+      if (subtract) check_bool_sub(c);
       DType t = c.odt(), ct = compute_type(t);
       Value a = c.in_out(0, ct), b = c.in_out(1, ct);
+      if (hlo::is_complex(t)) return {complex_axpy(c, a, b, subtract, ct)};
       if (c.has(2) && !c.num_is(2, 1.0)) b = c.b.mul(b, c.in_out(2, ct));
       return {c.b.convert(subtract ? c.b.sub(a, b) : c.b.add(a, b), t)};
     };
@@ -296,14 +318,20 @@ void register_elementwise() {
   for (auto n : {"aten::sub.Tensor", "aten::sub.Scalar"}) add_rule(n, add_like(true));
   // rsub(a, b, alpha) = b - alpha * a (f16/bf16 in f32, as add)
   for (auto n : {"aten::rsub.Tensor", "aten::rsub.Scalar"})
-    add_rule(n, [check_alpha](Ctx& c) -> V {
+    add_rule(n, [check_alpha, check_bool_sub, complex_axpy](Ctx& c) -> V {
       check_alpha(c);
+      check_bool_sub(c);
       DType t = c.odt(), ct = compute_type(t);
       Value a = c.in_out(0, ct), b = c.in_out(1, ct);
+      if (hlo::is_complex(t)) return {complex_axpy(c, b, a, true, ct)};
       if (c.has(2) && !c.num_is(2, 1.0)) a = c.b.mul(a, c.in_out(2, ct));
       return {c.b.convert(c.b.sub(b, a), t)};
     });
-  for (auto n : {"aten::mul.Tensor", "aten::mul.Scalar"}) add_rule(n, binary("multiply"));
+  // f16/bf16 multiply in f32 and round once, as CPU: a Python number out of half's range
+  // (x * 1e5 for x = 1e-5) is not rounded to inf first; for two half operands the f32
+  // product is exact, so the result is the same
+  for (auto n : {"aten::mul.Tensor", "aten::mul.Scalar"})
+    add_rule(n, binary_fn([](Builder& b, Value x, Value y) { return b.mul(x, y); }));
   for (auto n : {"aten::div.Tensor", "aten::div.Scalar"}) add_rule(n, [](Ctx& c) { return div_mode(c, 99); });
   for (auto n : {"aten::div.Tensor_mode", "aten::div.Scalar_mode"}) add_rule(n, [](Ctx& c) { return div_mode(c, 2); });
   add_rule("aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); });

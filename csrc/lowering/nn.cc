@@ -25,14 +25,17 @@ Rule softmax(bool log) {
   return [log](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = b.convert(c.in(0), compute_type(c.odt()));
-    if (x.rank() == 0) return {log ? b.zeros(c.odt(), {}) : b.constant(1, c.odt())};
+    // a 0-dim tensor as one element along dim 0: nan for -inf, inf and nan, as CPU
+    bool scalar = x.rank() == 0;
     int64_t dim = wrap_dim(c.int_(1), x.rank());
+    if (scalar) x = b.reshape(x, {1});
     Value m = reduce_bcast(b, x, {dim}, "maximum", b.lowest(x.dtype()));
     m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(m.dtype(), m.shape()));
     Value z = b.sub(x, m);
     Value e = b.unary("exponential", z);
     Value s = reduce_bcast(b, e, {dim}, "add", b.zeros(x.dtype(), {}));
-    return {b.convert(log ? b.sub(z, b.unary("log", s)) : b.div(e, s), c.odt())};
+    Value r = b.convert(log ? b.sub(z, b.unary("log", s)) : b.div(e, s), c.odt());
+    return {scalar ? b.reshape(r, {}) : r};
   };
 }
 
@@ -528,18 +531,17 @@ void register_nn() {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value g = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
-    if (g.rank() == 0) return {b.zeros(c.odt(), {})};
     int64_t dim = wrap_dim(c.int_(2), g.rank());
-    Value s = reduce_bcast(b, b.mul(g, y), {dim}, "add", b.zeros(t, {}));
+    // a 0-dim tensor: the sum over its one element is the element (nan stays nan, as CPU)
+    Value s = g.rank() == 0 ? b.mul(g, y) : reduce_bcast(b, b.mul(g, y), {dim}, "add", b.zeros(t, {}));
     return {b.convert(b.mul(y, b.sub(g, s)), c.odt())};
   });
   add_rule("aten::_log_softmax_backward_data", [](Ctx& c) -> V {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value g = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
-    if (g.rank() == 0) return {b.zeros(c.odt(), {})};
     int64_t dim = wrap_dim(c.int_(2), g.rank());
-    Value s = reduce_bcast(b, g, {dim}, "add", b.zeros(t, {}));
+    Value s = g.rank() == 0 ? g : reduce_bcast(b, g, {dim}, "add", b.zeros(t, {}));
     return {b.convert(b.sub(g, b.mul(b.unary("exponential", y), s)), c.odt())};
   });
 

@@ -287,7 +287,14 @@ void register_shape() {
       lo[dim] = j;
       in[dim] = step - 1;
       hi[dim] = L - j - ((nw - 1) * step + 1);
-      acc = b.add(acc, b.pad(part, b.zeros(t, {}), lo, hi, in));
+      Value placed = b.pad(part, b.zeros(t, {}), lo, hi, in);
+      // a gradient broadcast along other dims (size 1 there; istft's window sum) spreads over them
+      if (placed.shape() != out) {
+        std::vector<int64_t> dims(r);
+        for (int64_t d = 0; d < r; ++d) dims[d] = d;
+        placed = b.broadcast_in_dim(placed, out, dims);
+      }
+      acc = b.add(acc, placed);
     }
     return {b.convert(acc, c.odt())};
   });

@@ -742,3 +742,78 @@ def test_in_place_into_another_dtype_computes_in_the_inputs_result_type():
     parity(lambda x, y: x.clone().add_(y), a, b, rtol=0, atol=0)
     i = torch.tensor([1, 2, 3], dtype=torch.int64)
     parity(lambda x, y: x.clone().eq_(y), torch.tensor([1.0, 2.5, 3.0]), i)
+
+
+@pytest.mark.parametrize("fn", [lambda y: y.mul_(1.5), lambda y: y.mul_(torch.tensor([1.5], device=y.device)),
+                                lambda y: y.add_(torch.tensor(0.5, device=y.device)), lambda y: y.bool().add_(1),
+                                lambda y: y.float().mul_(1j)],
+                         ids=["mul_python_float", "mul_float_tensor", "add_0dim_float", "bool_add_int", "float_mul_complex"])
+def test_in_place_results_the_target_cannot_hold_raise_as_cpu(fn):
+    # the Meta kernels of in-place ops skip TensorIterator's cast check (PyTorch's
+    # test_binary_ufuncs test_mul_intertype_scalar: int32 *= float32 0-dim tensor)
+    same_error(fn, torch.tensor([3], dtype=torch.int32))
+    y = torch.tensor([3], dtype=torch.int32, device="tpu")
+    assert torch.equal(y.eq_(1.5).cpu(), torch.tensor([0], dtype=torch.int32))  # comparisons may
+
+
+def test_softmax_of_a_0dim_tensor_keeps_special_values():
+    # one element along dim 0: nan for -inf, inf and nan as on CPU (masked.softmax of a
+    # fully masked 0-dim input; PyTorch's test_ops test_compare_cpu_masked_softmax)
+    for v in [-INF, INF, NAN, 0.7]:
+        x = torch.tensor(v)
+        parity(lambda t: torch.softmax(t, 0), x)
+        parity(lambda t: torch.log_softmax(t, -1), x)
+        parity(lambda t: torch.masked._ops.softmax(t, 0, mask=torch.tensor(False, device=t.device)), x)
+        parity(lambda t: torch.masked._ops.log_softmax(t, 0, mask=torch.tensor(False, device=t.device)), x)
+    x = torch.tensor(0.3, requires_grad=True)
+    xt = x.detach().to("tpu").requires_grad_()
+    for f in (torch.softmax, torch.log_softmax):
+        (g,) = torch.autograd.grad(f(x, 0) * 2.0, x)
+        (gt,) = torch.autograd.grad(f(xt, 0) * 2.0, xt)
+        torch.testing.assert_close(gt.cpu(), g)
+
+
+def test_unfold_backward_of_a_broadcast_gradient():
+    # istft's window sum passes unfold_backward a gradient of size 1 along the batch dim
+    g = torch.randn(1, 6, 10, dtype=torch.complex64)
+    parity(lambda t: torch.ops.aten.unfold_backward(t, [10, 20], 1, 10, 2), g)
+    x = torch.randn(10, 10, 6, dtype=torch.complex64)
+    parity(lambda t: torch._refs.istft(t, n_fft=10, center=False), x)
+
+
+def test_complex_add_sub_multiply_by_alpha_as_cpu():
+    # CPU computes a + alpha * b with a complex multiply, alpha = 1 included:
+    # (1+1j) + (inf+infj) is nan+nanj there (PyTorch's test_binary_ufuncs extremal sub)
+    vals = [complex(a, b) for a in (INF, -INF, NAN, 1.0) for b in (INF, -INF, NAN, 2.0)]
+    a = torch.tensor([x for x in vals for _ in vals], dtype=torch.complex64)
+    b = torch.tensor([y for _ in vals for y in vals], dtype=torch.complex64)
+    for f in (torch.add, torch.sub, torch.rsub, lambda x, y: torch.add(x, y, alpha=2),
+              lambda x, y: torch.sub(x, y, alpha=1j)):
+        expected, got = f(a, b), f(a.to("tpu"), b.to("tpu")).cpu()
+        assert torch.equal(got.real.isnan(), expected.real.isnan()) and torch.equal(got.imag.isnan(), expected.imag.isnan())
+        torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("fn", [lambda m: 1 - m, lambda m: m - 1, lambda m: torch.rsub(m, 1), lambda m: m.sub_(m),
+                                lambda m: m.int() - True, lambda m: m.int().pow(-2)],
+                         ids=["rsub_python", "sub_python", "rsub", "sub_", "sub_bool_number", "int_pow_negative"])
+def test_bool_subtraction_and_negative_integer_powers_raise_as_cpu(fn):
+    # CPU's kernels check these; the Meta kernels of the Scalar / in-place forms do not
+    # (m.sub_(m) failed to compile, 1 - m returned numbers)
+    same_error(fn, torch.tensor([True, False]))
+
+
+def test_half_times_a_python_number_rounds_once():
+    # 1e-5 * 1e5 in float16: CPU multiplies in float32 (1e5 is past half's range)
+    x = torch.tensor([1e-5, 3e-4, 2.0], dtype=torch.float16)
+    parity(lambda t: t * 1e5, x, rtol=0, atol=0)
+    parity(lambda t: t.to(torch.bfloat16) * 1e5, x, rtol=0, atol=0)
+    parity(lambda t: t * t, x, rtol=0, atol=0)
+
+
+def test_an_out_resize_warns_once():
+    import warnings
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        torch.add(torch.ones(5, device="tpu"), 1, out=torch.empty(3, device="tpu"))
+    assert sum("was resized" in str(x.message) for x in w) == 1, [str(x.message) for x in w]
