@@ -17,7 +17,7 @@ cp -r "$src"/. "$dest"/
 for f in test_view_ops.py test_indexing.py test_binary_ufuncs.py test_unary_ufuncs.py test_reductions.py \
          test_shape_ops.py test_ops.py; do
   [ -f "$dest/$f" ] || continue
-  sed -i -e '/^import torch_npu/d' -e '/^from torch_npu/d' -e 's/"npu"/"tpu"/g' -e "s/'npu'/'tpu'/g" "$dest/$f"
+  sed -i -e '/^import torch_npu/d' -e '/^from torch_npu/d' -e 's/"npu"/"tpu"/g' -e "s/'npu'/'tpu'/g" -e 's/\.npu(/.tpu(/g' -e 's/\bis_npu\b/is_tpu/g' "$dest/$f"
 done
 [ -f "$dest/test_binary_ufuncs.py" ] && sed -i 's/binary_ufuncs_and_refs/binary_ufuncs/g' "$dest/test_binary_ufuncs.py"
 echo "prepared $dest"

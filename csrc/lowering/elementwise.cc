@@ -208,14 +208,23 @@ Value floor_div(Builder& b, Value x, Value y) {
   return b.select(b.compare(y, zero, hlo::Cmp::EQ), plain, f);
 }
 
-// Integer division by a Python number 0 raises CPU's "ZeroDivisionError" (zeros
-// inside a divisor tensor are not checked: that would need its data on the host).
-void check_int_divisor(const Ctx& c, size_t i) {
+// Integer division by zero raises CPU's "ZeroDivisionError": for a Python number at
+// once, for a zero inside a divisor tensor as a device-side check (raised at the next
+// host synchronisation, like the index checks).
+void check_int_divisor(Ctx& c, size_t i) {
   if (!hlo::is_int(c.odt()) || !c.has(i)) return;
   const Arg& a = c.arg(i);
   if (a.kind == Arg::Scalar && c.num_is(i, 0)) throw UserError("ZeroDivisionError");
-  if (a.kind == Arg::Tensor && c.env.scalar_value(a.tensor) == 0.0)  // a CPU scalar: `x // 0`
+  if (a.kind != Arg::Tensor) return;
+  if (c.env.scalar_value(a.tensor) == 0.0)  // a CPU scalar: `x // 0`
     throw UserError("ZeroDivisionError");
+  Builder& b = c.b;
+  Value d = c.in(i);
+  int64_t n = hlo::numel(d.shape());
+  if (n == 0) return;
+  Value flat = b.reshape(d, {n});
+  Value zero = b.reduce(b.compare(flat, k(b, 0, flat), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {0}, "or");
+  c.env.check(zero, b.constant_int(0, DType::S64), false, "ZeroDivisionError");
 }
 
 // div with rounding_mode None | "trunc" | "floor"

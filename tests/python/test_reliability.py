@@ -817,3 +817,18 @@ def test_an_out_resize_warns_once():
         warnings.simplefilter("always")
         torch.add(torch.ones(5, device="tpu"), 1, out=torch.empty(3, device="tpu"))
     assert sum("was resized" in str(x.message) for x in w) == 1, [str(x.message) for x in w]
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int32, torch.int64, torch.uint8], ids=str)
+def test_integer_division_by_a_zero_in_a_tensor_raises_at_the_next_sync(dtype):
+    # CPU raises ZeroDivisionError; tpu checks on the device (PyTorch's test_binary_ufuncs
+    # test_fmod_remainder_by_zero_integral expects CUDA's bit patterns instead)
+    x = torch.tensor([5, 3, 7], dtype=dtype)
+    z = torch.tensor([2, 0, 3], dtype=dtype)
+    for fn in (torch.fmod, torch.remainder, lambda a, b: a // b, lambda a, b: torch.div(a, b, rounding_mode="trunc")):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn(x, z)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn(x.to("tpu"), z.to("tpu")).cpu()
+    assert torch.equal((torch.ones(2, device="tpu") + 1).cpu(), torch.full((2,), 2.0))  # the device stays usable
+    parity(torch.fmod, x, torch.tensor([1, 2, 3], dtype=dtype))
