@@ -771,10 +771,18 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // (XLA has no complex remainder), a_f32.add_(b_f64) adds in float64.
   std::vector<std::optional<c10::ScalarType>> compute_dtype(meta.rets.size());
   if (info.functional) {
+    // a Python number (`x.mul_(0.9)`) changes the type only from a higher category: the
+    // optimizers' in-place steps skip the second Meta lookup
+    auto category = [](c10::ScalarType t) {
+      return t == c10::kBool ? 0 : c10::isIntegralType(t, false) ? 1 : c10::isComplexType(t) ? 3 : 2;
+    };
     bool differs = false;
     for (int i : info.rule_args) {
       if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
-      for (const auto& m : meta.rets) differs |= m.defined && args[i].toTensor().scalar_type() != m.dtype;
+      const at::Tensor& t = args[i].toTensor();
+      bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+      for (const auto& m : meta.rets)
+        differs |= m.defined && (wrapped ? category(t.scalar_type()) > category(m.dtype) : t.scalar_type() != m.dtype);
     }
     if (differs) {
       torch::jit::Stack fargs;

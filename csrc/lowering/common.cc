@@ -25,11 +25,9 @@ std::unordered_set<std::string>& casting() {
 // the rules a family's register function added
 template <typename F>
 void mark_casting(F register_family) {
-  auto before = registry().size();
   std::unordered_set<std::string> old;
   for (auto& kv : registry()) old.insert(kv.first);
   register_family();
-  if (registry().size() == before) return;
   for (auto& kv : registry())
     if (!old.count(kv.first)) casting().insert(kv.first);
 }
