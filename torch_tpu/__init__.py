@@ -20,7 +20,8 @@ import torch
 from . import _plugin
 from . import device_module as _device_module
 
-__all__ = ["EagerMode", "set_eager_mode", "get_eager_mode", "eager_mode", "metrics", "plugin_path"]
+__all__ = ["EagerMode", "set_eager_mode", "get_eager_mode", "eager_mode", "metrics", "plugin_path",
+           "mark_dynamic", "mark_static"]
 
 
 class EagerMode(_enum.IntEnum):
@@ -109,6 +110,10 @@ def _start():
     _C._set_fuse_split_threads(_os.environ.get("TORCH_TPU_FUSE_ACROSS_THREADS") != "1")
     if _os.environ.get("TORCH_TPU_FUSE_MAX_OPS"):
         _C._set_fuse_limit(int(_os.environ["TORCH_TPU_FUSE_MAX_OPS"]))
+    # bounded dynamism: TORCH_TPU_DYNAMIC=0 turns the size policy off, TORCH_TPU_BUCKETS sets the ladder
+    from . import dynamic as _dynamic
+
+    _dynamic._configure()
     # torch.compile: the backend "tpu" (also the default backend; CPU graphs still go to Inductor)
     from . import _compile
 
@@ -173,6 +178,8 @@ def plugin_path():
 _start()
 
 from . import metrics  # noqa: E402
+from . import dynamic  # noqa: E402
+from .dynamic import mark_dynamic, mark_static  # noqa: E402
 
 
 def _install_printing():

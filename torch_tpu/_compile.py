@@ -13,9 +13,13 @@ over the callers' buffers, with no per-op dispatch.
 A node the capture cannot hold -- an op without a lowering (it would take the
 CPU fallback), an op on CPU tensors, an op that needs data on the host -- runs
 eagerly between programs ("eager nodes", counted in torch_tpu.metrics). Random
-ops draw from the device generator on every call. Shapes are static: a new
-input shape is a new program (`dynamic=True` is honoured by compiling one
-program per shape, with a warning).
+ops draw from the device generator on every call.
+
+Shapes: a static graph is one program. A graph with symbolic sizes (`dynamic=True`,
+`torch._dynamo.mark_dynamic`, or Dynamo's automatic dynamic shapes after a second
+size) is captured once per concrete shape, with its symbolic dims dynamic
+(torch_tpu.dynamic): the program text depends on their bucket only, so a new size in
+a bucket reuses the compiled executable (a capture, no compile).
 """
 import operator
 import threading
@@ -26,6 +30,7 @@ import torch
 import torch.fx
 
 from . import _C
+from . import dynamic as _dynamic
 
 __all__ = ["tpu_backend", "stats"]
 
@@ -67,14 +72,22 @@ def _mutates(node):
     return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
-def _stand_in(val, device):
-    """A tpu tensor laid out like `val` (a FakeTensor or a real tensor) over a storage of the same size."""
+def _stand_in(val, device, fake=None):
+    """A tpu tensor laid out like `val` (a FakeTensor or a real tensor) over a storage of the same size.
+    Bounded dynamism: dims that are symbolic in `fake` (the graph's FakeTensor) are dynamic in it,
+    at their bucket, so the program serves the bucket (its text depends on nothing else: inputs
+    of other layouts are padded or staged to it at each call)."""
     if val.device.type != "tpu":  # a CPU value a tpu op reads: uploaded at run time
         return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
     nbytes = val.untyped_storage().nbytes()
     n = max(nbytes // val.element_size(), 0)
     base = torch.empty(n, dtype=val.dtype, device=device)
-    return base.as_strided(val.shape, val.stride(), val.storage_offset())
+    t = base.as_strided(val.shape, val.stride(), val.storage_offset())
+    if isinstance(fake, torch.Tensor):
+        for d, s in enumerate(fake.shape):
+            if not isinstance(s, int) and t.size(d) >= 2:
+                _dynamic.mark_dynamic(t, d)
+    return t
 
 
 class _Segment:
@@ -123,9 +136,7 @@ class CompiledGraph:
         self.device = self._device(example_inputs)
         self.dynamic = any(isinstance(x, torch.SymInt) or (isinstance(x, torch.Tensor) and any(
             isinstance(s, torch.SymInt) for s in x.shape)) for x in example_inputs)
-        if self.dynamic:
-            warnings.warn("torch_tpu: compiled graphs have static shapes; with dynamic=True or mark_dynamic, each "
-                          "new input shape compiles a new program", stacklevel=2)
+
         self.variants = {}
         self.host_forced = set()  # nodes the capture could not hold
         _stats["graphs"] += 1
@@ -326,7 +337,7 @@ class CompiledGraph:
             v = real.get(n)
             if not isinstance(v, torch.Tensor):
                 v = _vals(n)[0]
-            t = _stand_in(v, dev)
+            t = _stand_in(v, dev, _vals(n)[0])
             _C._capture_input(t, len(seg.inputs))
             seg.inputs.append(n)
             stand[n] = t

@@ -21,21 +21,43 @@ namespace {
 using engine::Engine;
 using engine::Slot;
 
-// Where a tensor lies in its storage, and the storage's size and type.
+// Where a tensor lies in its storage, and the storage's size and type (and, for a
+// dynamic storage, its capacity and dynamic sizes: a program reads it at its bucket).
 struct Layout {
   std::vector<int64_t> sizes, strides;
   int64_t offset = 0, nbytes = 0;
   c10::ScalarType dtype = c10::kFloat;
   hlo::DType storage_dtype = hlo::DType::F32;
+  int64_t capacity = 0;  // > 0: a dynamic storage
+  std::vector<std::pair<int64_t, int64_t>> dyn;
+  engine::Shape base_sizes, base_strides, base_bound;
 
   static Layout of(const at::Tensor& t) {
     auto st = storage_of(t);
-    return Layout{t.sizes().vec(), t.strides().vec(), t.storage_offset(), st->nbytes, t.scalar_type(),
-                  st->typed ? st->dtype : to_hlo(t.scalar_type())};
+    Layout l{t.sizes().vec(), t.strides().vec(), t.storage_offset(), st->nbytes, t.scalar_type(),
+             st->typed ? st->dtype : to_hlo(t.scalar_type())};
+    if (st->dynamic()) {
+      l.capacity = st->capacity;
+      l.dyn = st->dyn;
+      l.base_sizes = st->base_sizes;
+      l.base_strides = st->base_strides;
+      l.base_bound = st->base_bound;
+    }
+    return l;
   }
-  bool matches(const at::Tensor& t, const engine::Storage& st) const {
+  // the same place, whether or not the storage is dynamic
+  bool same_place(const at::Tensor& t, const engine::Storage& st) const {
     return t.scalar_type() == dtype && t.storage_offset() == offset && st.nbytes == nbytes &&
            (!st.typed || st.dtype == storage_dtype) && t.sizes().equals(sizes) && t.strides().equals(strides);
+  }
+  bool matches(const at::Tensor& t, const engine::Storage& st) const {
+    return same_place(t, st) && (capacity > 0 ? st.dynamic() && st.capacity == capacity : !st.dynamic());
+  }
+  void make_dynamic(const engine::StoragePtr& st) const {  // st as the captured storage
+    if (capacity <= 0) return;
+    Engine& eng = Engine::get();
+    if (!base_sizes.empty() && !st->dynamic()) eng.make_dynamic(st, base_sizes, base_strides, base_bound);
+    eng.make_dynamic(st, capacity, dyn);
   }
 };
 
@@ -46,6 +68,7 @@ at::Tensor tensor_on_new_storage(const Layout& l, int device) {
   auto st = *static_cast<engine::StoragePtr*>(dp.get_context());
   st->dtype = l.storage_dtype;
   st->typed = true;
+  l.make_dynamic(st);
   c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(l.nbytes), std::move(dp), allocator(),
                        /*resizable=*/true);
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -95,6 +118,10 @@ class CompiledProgram {
                   "torch_tpu: input ", k, " of a compiled graph must be a tensor on tpu:", device, ", got ",
                   t.defined() ? t.device().str() : std::string("an undefined tensor"));
       auto st = storage_of(t);
+      if (!inputs[k].matches(t, *st) && inputs[k].capacity > 0 && !st->dynamic() && inputs[k].same_place(t, *st))
+        inputs[k].make_dynamic(st);  // captured at a bucket: padded in place (through host memory, no program)
+      else if (!inputs[k].matches(t, *st) && inputs[k].capacity == 0 && st->dynamic() && inputs[k].same_place(t, *st))
+        eng.make_static(st);  // captured static: cut in place (through host memory, no program)
       if (inputs[k].matches(t, *st)) {
         in[k] = st;
       } else {  // another layout than at capture: stage a copy in the captured one

@@ -62,6 +62,7 @@ struct OpInfo {
   std::vector<int> ret_alias;       // per return: aliased (written) argument, or -1
   bool factory = false;             // no tensor inputs among rule_args
   bool mask_indices = false;        // x[indices] ops: boolean masks become coordinates first
+  bool bucketed = false;            // its rule runs on bucketed values (lower::bucketed_rule)
   // an in-place or out= variant of an elementwise op: the functional op, whose result
   // type the rule computes in before the cast into the target (lower::casts_to_output)
   std::optional<c10::OperatorHandle> functional;
@@ -90,6 +91,7 @@ const OpInfo& info_for(const c10::OperatorHandle& op) {
   info.name = op_name(s.operator_name());
   auto r = g_rule_for.find(info.name);
   info.rule = r == g_rule_for.end() ? nullptr : lower::find_rule(r->second);
+  info.bucketed = info.rule && lower::bucketed_rule(info.name);
   if (info.rule && r->second != info.name && lower::casts_to_output(r->second)) {
     auto dot = r->second.find('.', 6);
     info.functional = c10::Dispatcher::singleton().findSchema(
@@ -129,6 +131,10 @@ struct MetaOut {
 };
 struct MetaResult {
   std::vector<MetaOut> rets;
+  // the sizes the bounded-dynamism policy made dynamic for this signature (decided on
+  // its first call, see plan_bucketing)
+  bool seeded = false;
+  std::vector<int64_t> seeds;
 };
 
 // The IValue with every tpu tensor replaced by conv(t) and tpu devices by `dev`
@@ -358,7 +364,8 @@ struct MetaUnavailable {};
 std::unordered_map<std::string, MetaResult> g_meta_cache;
 
 // `sig` receives the call's signature (the start of its trace key).
-MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory, std::string& sig) {
+MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args, bool factory, std::string& sig,
+                    bool* miss = nullptr) {
   sig = signature(op, args, factory);
   const std::string& key = sig;
   {
@@ -366,6 +373,7 @@ MetaResult run_meta(const c10::OperatorHandle& op, const torch::jit::Stack& args
     auto it = g_meta_cache.find(key);
     if (it != g_meta_cache.end()) return it->second;
   }
+  if (miss) *miss = true;
   g_meta_runs++;
   torch::jit::Stack ms;
   // CPU scalars (0-dim CPU tensors) stay on the CPU for the Meta kernel, as they do for
@@ -600,6 +608,464 @@ void check_complex_support(const c10::OperatorHandle& op, const torch::jit::Stac
   g_complex_ok.insert(key);
 }
 
+// ---------------------------------------------------------------- bounded dynamism
+// A call that reads a tensor of a dynamic storage (engine.h, Storage::dyn) is built for
+// its bucket: its views are read through run-time geometry, dims of a dynamic size at
+// their bound, and a rule that is correct on padded values (lower::bucketed_rule) runs
+// at the bounds. The Meta kernel at the bounds gives the rule its output types; against
+// a second run one element larger in every dynamic size, it tells which output dims
+// follow a dynamic size: those get dynamic storages. A rule without that property runs
+// at the call's sizes (a program per size, as for static shapes).
+struct Bucketing {
+  // a call with dynamic inputs built at its sizes: outputs with a dim of one of those
+  // sizes are still made dynamic (their consumers keep serving the bucket)
+  std::vector<std::pair<int64_t, int64_t>> exact_sizes;
+  std::vector<std::vector<int64_t>> exact_bound;  // or per output the bound of each dim (from the Meta kernel)
+  bool active = false;    // some tensor reads through run-time geometry
+  bool bucketed = false;  // some dim is dynamic and the rule runs at the bounds
+  std::vector<std::pair<int64_t, int64_t>> sizes;  // the call's dynamic (size, bound) pairs
+  torch::jit::Stack args;                          // the rule's arguments (SymInts of a dynamic size at their bound)
+  MetaResult meta;                                 // output types at the bounds
+  std::vector<std::vector<int64_t>> out_bound;     // per output: per dim the bound of a dynamic dim, else 0
+  std::string key;                                 // the call's signature at the bounds
+  // dims the size policy made dynamic in tensors of static storages with values (a slice of
+  // a fixed buffer, mask[:T, :T]): read through run-time geometry at their bound, the storage
+  // left as it is
+  std::vector<std::pair<const c10::TensorImpl*, hlo::Shape>> marks;
+  // sizes at their bound that another tensor of the call holds static (x[n/16, 8] @ w[8/8, 8/8]):
+  // read as static dims (through run-time geometry), so the call pairs no bound with a size
+  std::vector<int64_t> demoted;
+  engine::View view(const at::Tensor& t) const {
+    engine::View v = Engine::get().dynamic_view(view_of(t));
+    for (const auto& [impl, bound] : marks)
+      if (impl == t.unsafeGetTensorImpl()) {
+        v.runtime = true;
+        if (v.bound.empty()) v.bound.assign(v.sizes.size(), 0);
+        for (size_t i = 0; i < bound.size() && i < v.bound.size(); ++i) v.bound[i] = std::max(v.bound[i], bound[i]);
+      }
+    for (size_t i = 0; i < v.bound.size(); ++i)
+      if (v.bound[i] == v.sizes[i] && std::find(demoted.begin(), demoted.end(), v.sizes[i]) != demoted.end())
+        v.bound[i] = 0;
+    return v;
+  }
+};
+
+bool is_symint(const c10::TypePtr& t) {
+  switch (t->kind()) {
+    case c10::TypeKind::SymIntType: return true;
+    case c10::TypeKind::ListType: return is_symint(t->castRaw<c10::ListType>()->getElementType());
+    case c10::TypeKind::OptionalType: return is_symint(t->castRaw<c10::OptionalType>()->getElementType());
+    default: return false;
+  }
+}
+
+// A SymInt[] argument that lists sizes (size, input_sizes, split_sizes, ...; not pads,
+// repeats or strides): its entries of a dynamic size are put at their bound.
+bool is_size_list(const c10::Argument& a) {
+  const auto& t = a.real_type();
+  bool list = t->kind() == c10::TypeKind::ListType ||
+              (t->kind() == c10::TypeKind::OptionalType &&
+               t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::ListType);
+  return list && is_symint(t) && a.name().find("size") != std::string::npos;
+}
+
+bool is_number(const c10::Argument& a) {
+  auto k = a.type()->kind();
+  return k == c10::TypeKind::NumberType ||
+         (k == c10::TypeKind::OptionalType && a.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::NumberType);
+}
+
+// A policy site: the call's signature with every size equal to n (in tensors and size
+// lists) left out, with no strides (they follow the sizes) and no Python numbers (values,
+// not structure). The same n in several places (a square mask, both operands of an add)
+// is one site.
+std::string policy_site(const c10::OperatorHandle& op, const torch::jit::Stack& args, int64_t n) {
+  std::string k;
+  sig_append(k, &op.schema(), sizeof(void*));
+  auto size = [&](int64_t x) {
+    if (x == n) x = -1;
+    sig_append(k, &x, sizeof x);
+  };
+  auto tensor = [&](const at::Tensor& t) {
+    if (!t.defined()) { k += 'u'; return; }
+    k += static_cast<char>(t.scalar_type());
+    k += static_cast<char>(t.device().type());
+    for (int64_t d = 0; d < t.dim(); ++d) size(t.size(d));
+    k += '|';
+  };
+  const auto& sargs = op.schema().arguments();
+  for (size_t a = 0; a < args.size(); ++a) {
+    const c10::IValue& v = args[a];
+    bool sizes = a < sargs.size() && is_size_list(sargs[a]);
+    if (a < sargs.size() && is_number(sargs[a])) { k += '#'; continue; }
+    if (v.isTensor()) tensor(v.toTensor());
+    else if (v.isTensorList()) for (const at::Tensor& t : v.toTensorList()) tensor(t);
+    else if (v.isList()) {
+      auto l = v.toList();
+      for (size_t i = 0; i < l.size(); ++i)
+        if (l.get(i).isTensor()) tensor(l.get(i).toTensor());
+        else if (l.get(i).isInt()) {
+          if (sizes) size(l.get(i).toInt());
+          else { int64_t x = l.get(i).toInt(); sig_append(k, &x, sizeof x); }
+        }
+      k += ']';
+    } else if (v.isInt()) { int64_t x = v.toInt(); sig_append(k, &x, sizeof x); }
+    else if (v.isBool()) k += v.toBool() ? 'T' : 'F';
+    else k += '.';
+  }
+  return k;
+}
+
+std::mutex g_bucket_mu;
+std::map<std::string, int64_t> g_bucketed_counts;  // op -> calls built at a bucket (metrics)
+struct BucketMeta {
+  bool ok = false;
+  MetaResult at_bound, past_bound;
+};
+std::unordered_map<std::string, BucketMeta> g_bucket_meta;
+
+// The call's arguments with each tpu tensor as a meta tensor of its value shape (plus
+// `plus` in its dynamic dims) and each SymInt equal to a dynamic size at its bound (+ plus).
+torch::jit::Stack bucket_stack(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                               const std::function<engine::View(const at::Tensor&)>& view,
+                               const std::vector<std::pair<int64_t, int64_t>>& sizes, int64_t plus, bool meta) {
+  auto sub = [&](int64_t v) {
+    for (const auto& [s, b] : sizes)
+      if (v == s) return b + plus;
+    return v;
+  };
+  auto tensor = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || t.device().type() != kTpu) return t;
+    engine::View v = view(t);
+    hlo::Shape shape = v.value_shape();
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (!v.bound.empty() && v.bound[i] > 0) shape[i] += plus;
+    return meta ? at::empty(shape, t.options().device(c10::kMeta)) : t;
+  };
+  torch::jit::Stack out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = args[i];
+    bool symint = i < schema.arguments().size() && is_size_list(schema.arguments()[i]);
+    if (v.isTensor()) out.push_back(tensor(v.toTensor()));
+    else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(tensor(t));
+      out.push_back(l);
+    } else if (v.isList()) {
+      auto in = v.toList();
+      bool tensors = in.size() > 0 && (in.get(0).isTensor() || in.get(0).isNone());
+      if (tensors) {
+        c10::List<std::optional<at::Tensor>> l;
+        for (size_t j = 0; j < in.size(); ++j)
+          l.push_back(in.get(j).isNone() || !in.get(j).toTensor().defined() ? std::optional<at::Tensor>()
+                                                                             : std::optional<at::Tensor>(tensor(in.get(j).toTensor())));
+        out.push_back(l);
+      } else if (symint) {
+        std::vector<int64_t> l;
+        for (size_t j = 0; j < in.size(); ++j) l.push_back(sub(in.get(j).toInt()));
+        out.push_back(l);
+      } else {
+        out.push_back(v);
+      }
+    } else if (meta && v.isDevice() && v.toDevice().type() == kTpu) {
+      out.push_back(c10::Device(c10::kMeta));
+    } else if (meta && v.isGenerator()) {
+      out.push_back(c10::IValue());
+    } else {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// the bucket probes run Meta kernels on shapes the user never passed: their warnings
+// (an out= tensor resized) are not the call's
+struct QuietWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+bool meta_of(const c10::OperatorHandle& op, torch::jit::Stack ms, MetaResult& r) {
+  static QuietWarnings quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  } catch (const std::exception&) {
+    return false;
+  }
+  for (const auto& v : ms) {
+    MetaOut o;
+    if (v.isTensor() && v.toTensor().defined()) {
+      o.defined = true;
+      o.sizes = v.toTensor().sizes().vec();
+      o.dtype = v.toTensor().scalar_type();
+    }
+    r.rets.push_back(o);
+  }
+  return true;
+}
+
+Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, const torch::jit::Stack& args,
+                         const MetaResult& meta, bool meta_miss, const std::string& sig) {
+  Bucketing bk;
+  Engine& eng = Engine::get();
+  if (!eng.dynamism() || !info.rule) return bk;
+  bool any = false;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    any |= t.defined() && t.device().type() == kTpu && storage_of(t)->dynamic();
+  });
+  bool safe = lower::bucket_rules_override() == 0 ? info.bucketed : lower::bucket_rule_allowed(info.name, info.bucketed);
+  // the size policy, on a new signature: a size that changed since the last epoch makes
+  // the storages of the tensors with a dim of that size dynamic (never parameters), and
+  // the size lists' entries of that size (zeros(n), new_ones((b, n))) create dynamic dims
+  std::vector<std::pair<int64_t, int64_t>> created;
+  // (decided on a signature's first call, then applied to every call of it: the same
+  // mask built twice in a step is dynamic both times)
+  std::vector<int64_t> seeds = meta.seeds;
+  if (safe && !meta.seeded) {
+    std::vector<int64_t> sizes;
+    auto note = [&](int64_t n) {
+      if (n >= 2 && std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);
+    };
+    for_each_tensor(args, [&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kTpu)
+        for (int64_t d = 0; d < t.dim(); ++d) note(t.size(d));
+    });
+    const auto& sargs = op.schema().arguments();
+    for (size_t a = 0; a < args.size() && a < sargs.size(); ++a)
+      if (is_size_list(sargs[a]) && args[a].isList()) {
+        auto l = args[a].toList();
+        for (size_t i = 0; i < l.size(); ++i)
+          if (l.get(i).isInt()) note(l.get(i).toInt());
+      }
+    for (int64_t n : sizes)
+      if (eng.size_changed(policy_site(op, args, n), n)) seeds.push_back(n);
+    std::lock_guard<std::mutex> lock(g_meta_mu);
+    auto it = g_meta_cache.find(sig);
+    if (it != g_meta_cache.end()) {
+      it->second.seeded = true;
+      it->second.seeds = seeds;
+    }
+  }
+  // a size that a dynamic tensor of the call holds static (its own dims decide) stays static
+  // in the others too: marking it there would pair a bound with a size (x[n/16, 8] @ w[8, 8])
+  seeds.erase(std::remove_if(seeds.begin(), seeds.end(),
+                             [&](int64_t n) {
+                               bool held = false;
+                               for_each_tensor(args, [&](const at::Tensor& t) {
+                                 if (held || !t.defined() || t.device().type() != kTpu || !storage_of(t)->dynamic()) return;
+                                 engine::View v = Engine::get().dynamic_view(view_of(t));
+                                 for (int64_t d = 0; d < t.dim(); ++d)
+                                   held |= t.size(d) == n && (!v.runtime || v.bound.size() <= static_cast<size_t>(d) || v.bound[d] <= 0);
+                               });
+                               return held;
+                             }),
+              seeds.end());
+  if (!seeds.empty()) {
+    const auto& sargs = op.schema().arguments();
+    for (int64_t n : seeds) {
+      int64_t b = eng.bucket(n);
+      bool in_list = false;
+      for (size_t a = 0; a < args.size() && a < sargs.size(); ++a)
+        if (is_size_list(sargs[a]) && args[a].isList()) {
+          auto l = args[a].toList();
+          for (size_t i = 0; i < l.size(); ++i) in_list |= l.get(i).isInt() && l.get(i).toInt() == n;
+        }
+      if (in_list) created.emplace_back(n, b);
+      for_each_tensor(args, [&](const at::Tensor& t) {
+        if (!t.defined() || t.device().type() != kTpu || (t.is_leaf() && t.requires_grad())) return;
+        auto st = storage_of(t);
+        if (st->pinned_static) return;
+        hlo::Shape bound(t.dim(), 0);
+        bool hit = false;
+        for (int64_t d = 0; d < t.dim(); ++d)
+          if (t.size(d) == n) {
+            bound[d] = b;
+            hit = true;
+          }
+        if (!hit || st->dynamic()) return;  // a dynamic storage: its own dims decide
+        // A storage with a value is not padded in place (a compiled program may read its
+        // buffer as it is): this call reads it through run-time geometry with those dims dynamic.
+        if (st->buffer || eng.pending(st)) {
+          auto impl = t.unsafeGetTensorImpl();
+          auto it = std::find_if(bk.marks.begin(), bk.marks.end(), [&](const auto& m) { return m.first == impl; });
+          if (it == bk.marks.end()) bk.marks.emplace_back(impl, bound);
+          else
+            for (size_t i = 0; i < bound.size(); ++i) it->second[i] = std::max(it->second[i], bound[i]);
+          any = true;
+          return;
+        }
+        if (t.storage_offset() == 0 && t.is_non_overlapping_and_dense() && t.numel() == st->numel()) {
+          eng.make_dynamic(st, t.sizes().vec(), t.strides().vec(), bound);
+        } else {
+          int64_t N = st->numel(), m = t.numel();
+          eng.make_dynamic(st, N - m + m / n * b, {{n, b}});
+        }
+        any = true;
+      });
+    }
+  }
+  if (!any && created.empty()) return bk;
+  {
+    std::vector<int64_t> held, full;  // sizes some tensor holds static; dynamic dims at their bound
+    for_each_tensor(args, [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != kTpu) return;
+      engine::View v = bk.view(t);
+      for (size_t i = 0; i < v.sizes.size(); ++i) {
+        bool dyn = i < v.bound.size() && v.bound[i] > 0;
+        if (!dyn && v.sizes[i] >= 2) held.push_back(v.sizes[i]);
+        if (dyn && v.bound[i] == v.sizes[i]) full.push_back(v.sizes[i]);
+      }
+    });
+    for (int64_t n : full)
+      if (std::find(held.begin(), held.end(), n) != held.end() && std::find(bk.demoted.begin(), bk.demoted.end(), n) == bk.demoted.end())
+        bk.demoted.push_back(n);
+  }
+  auto view = [&](const at::Tensor& t) { return bk.view(t); };
+  bk.sizes = created;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu) return;
+    engine::View v = view(t);
+    for (size_t i = 0; i < v.bound.size(); ++i)
+      if (v.bound[i] > 0 && std::find(bk.sizes.begin(), bk.sizes.end(), std::make_pair(v.sizes[i], v.bound[i])) == bk.sizes.end())
+        bk.sizes.emplace_back(v.sizes[i], v.bound[i]);
+  });
+  static const bool log = std::getenv("TORCH_TPU_LOG_COMPILES") != nullptr;
+  // (debugging aid: TORCH_TPU_LOG_COMPILES / TORCH_TPU_LOG_BUCKETS) sizes/bounds of the call's tensors
+  auto describe = [&]() {
+    std::string shapes;
+    for_each_tensor(args, [&](const at::Tensor& t) {
+      if (!t.defined() || t.device().type() != kTpu) return;
+      engine::View v = view(t);
+      shapes += " [";
+      for (size_t i = 0; i < v.sizes.size(); ++i)
+        shapes += std::to_string(v.sizes[i]) + (v.bound.size() > i && v.bound[i] ? "/" + std::to_string(v.bound[i]) : "") + ",";
+      shapes += "]";
+    });
+    return shapes;
+  };
+  const auto& schema = op.schema();
+  // arange(start, end, step, out=) into a dynamic out: the count at the bound (its rule
+  // reads start and step only)
+  auto arange_at_bound = [&](torch::jit::Stack& st, int64_t plus) {
+    if (info.name != "aten::arange.start_out" || st.size() < 4 || !args[3].isTensor()) return;
+    engine::View o = view(args[3].toTensor());
+    if (o.bound.size() != 1 || o.bound[0] <= 0) return;
+    double start = st[0].toScalar().toDouble(), step = st[2].toScalar().toDouble();
+    double end = start + static_cast<double>(o.bound[0] + plus) * step;
+    st[1] = st[0].isInt() && st[2].isInt() ? c10::IValue(static_cast<int64_t>(end)) : c10::IValue(end);
+  };
+  torch::jit::Stack ms = bucket_stack(schema, args, view, bk.sizes, 0, true);
+  arange_at_bound(ms, 0);
+  bk.key = signature(op, ms, info.factory);
+  bk.key += 'B';  // which dims are dynamic (the shapes at the bounds do not tell)
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu) return;
+    engine::View v = view(t);
+    uint64_t mask = 0;
+    for (size_t i = 0; i < v.bound.size() && i < 64; ++i) mask |= uint64_t{v.bound[i] > 0} << i;
+    sig_append(bk.key, &mask, sizeof mask);
+  });
+  if (bk.sizes.empty()) {  // only run-time geometry: the call's own shapes
+    bk.active = true;
+    bk.args = args;
+    bk.meta = meta;
+    bk.out_bound.assign(meta.rets.size(), {});
+    return bk;
+  }
+  BucketMeta bm;
+  {
+    std::lock_guard<std::mutex> lock(g_bucket_mu);
+    auto it = g_bucket_meta.find(bk.key);
+    if (it != g_bucket_meta.end()) bm = it->second;
+  }
+  if (!bm.ok && (bm.at_bound.rets.empty())) {
+    torch::jit::Stack past = bucket_stack(schema, args, view, bk.sizes, 1, true);
+    arange_at_bound(past, 1);
+    bm.ok = meta_of(op, ms, bm.at_bound) && meta_of(op, past, bm.past_bound);
+    if (!bm.ok) bm.at_bound.rets.clear();
+    std::lock_guard<std::mutex> lock(g_bucket_mu);
+    if (g_bucket_meta.size() > 65536) g_bucket_meta.clear();
+    g_bucket_meta[bk.key] = bm;
+  }
+  // every output: the same rank at the bounds, no dim smaller than the call's
+  bool ok = bm.ok && bm.at_bound.rets.size() == meta.rets.size() && bm.past_bound.rets.size() == meta.rets.size();
+  for (size_t k = 0; ok && k < meta.rets.size(); ++k) {
+    const auto &t = meta.rets[k], &b = bm.at_bound.rets[k], &p = bm.past_bound.rets[k];
+    ok = t.defined == b.defined && b.defined == p.defined;
+    if (!ok || !t.defined) continue;
+    ok = t.sizes.size() == b.sizes.size() && b.sizes.size() == p.sizes.size();
+    for (size_t i = 0; ok && i < t.sizes.size(); ++i) ok = b.sizes[i] >= t.sizes[i];
+  }
+  // the output dims that follow a dynamic size: they differ at the bounds and one past them
+  std::vector<std::vector<int64_t>> out_bound;
+  for (size_t k = 0; ok && k < meta.rets.size(); ++k) {
+    const auto &t = meta.rets[k], &b = bm.at_bound.rets[k], &p = bm.past_bound.rets[k];
+    std::vector<int64_t> ob(t.sizes.size(), 0);
+    for (size_t i = 0; i < t.sizes.size(); ++i)
+      if (t.sizes[i] >= 2 && (b.sizes[i] != p.sizes[i] || t.sizes[i] != b.sizes[i])) ob[i] = eng.bucket(t.sizes[i]);
+    out_bound.push_back(std::move(ob));
+  }
+  // A tensor with no dynamic dim but one of a dynamic size (a gradient uploaded from the host
+  // beside its dynamic indices): the rule could combine a bound with a size (a scatter of padded
+  // indices with an unpadded source writes the padding's garbage), so the call runs at its sizes.
+  // A coincidence (a head dim equal to the sequence length) costs that size a program.
+  bool mixed = false;
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (mixed || !t.defined() || t.device().type() != kTpu) return;
+    engine::View v = view(t);
+    if (v.has_dynamic_dims()) return;
+    for (size_t i = 0; i < v.sizes.size(); ++i)
+      for (const auto& [n, b] : bk.sizes) mixed |= v.sizes[i] >= 2 && v.sizes[i] == n;
+  });
+  if (!ok || !safe || mixed) {  // at the call's sizes; its outputs still turn dynamic where they follow a dynamic size
+    if (log)
+      std::fprintf(stderr, "torch_tpu dynamic: %s %s:%s\n", info.name.c_str(),
+                   !safe ? "has no bucketed rule" : !ok ? "has no Meta result at the bounds" : "mixes bounds and sizes",
+                   describe().c_str());
+    eng.metrics.dynamic_exact_ops++;
+    if (ok) bk.exact_bound = std::move(out_bound);
+    else bk.exact_sizes = std::move(bk.sizes);
+    bk.sizes.clear();
+    return bk;
+  }
+  bk.active = bk.bucketed = true;
+  bk.meta = bm.at_bound;
+  for (size_t k = 0; k < meta.rets.size(); ++k) {
+    const auto& t = meta.rets[k];
+    // the output's bucket is in the program (its storage's capacity), and its layout
+    for (int64_t x : out_bound[k]) sig_append(bk.key, &x, sizeof x);
+    bool contiguous = true;
+    for (int64_t i = static_cast<int64_t>(t.sizes.size()) - 1, st = 1; i >= 0; st *= t.sizes[i--])
+      contiguous &= t.sizes[i] == 1 || t.strides[i] == st;
+    bk.key += contiguous ? 'c' : 'o';
+  }
+  bk.out_bound = std::move(out_bound);
+  bk.args = bucket_stack(schema, args, view, bk.sizes, 0, false);
+  arange_at_bound(bk.args, 0);
+  {
+    std::lock_guard<std::mutex> lock(g_bucket_mu);
+    g_bucketed_counts[info.name]++;
+  }
+  if (log && std::getenv("TORCH_TPU_LOG_BUCKETS")) {
+    std::string shapes = describe() + " ->";
+    for (size_t k = 0; k < meta.rets.size(); ++k) {
+      shapes += " [";
+      for (size_t i = 0; i < meta.rets[k].sizes.size(); ++i)
+        shapes += std::to_string(meta.rets[k].sizes[i]) + "/" + std::to_string(bk.out_bound[k][i]) + ",";
+      shapes += "]";
+    }
+    std::fprintf(stderr, "torch_tpu bucketed: %s%s\n", info.name.c_str(), shapes.c_str());
+  }
+  eng.metrics.dynamic_ops++;
+  return bk;
+}
+
+// A new output of a bucketed call: a dynamic storage where a dim follows a dynamic size.
+void make_output_dynamic(const at::Tensor& out, const std::vector<int64_t>& bound) {
+  if (bound.size() != static_cast<size_t>(out.dim())) return;
+  Engine::get().make_dynamic(storage_of(out), out.sizes().vec(), out.strides().vec(), bound);
+}
+
 // ---------------------------------------------------------------- the generic kernel
 void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -705,8 +1171,9 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
   MetaResult meta;
   std::string key;
+  bool meta_miss = false;
   try {
-    meta = run_meta(op, args, info.factory, key);
+    meta = run_meta(op, args, info.factory, key, &meta_miss);
   } catch (const MetaUnavailable&) {
     fallback_impl(op, stack, "data-dependent output shape");
     return;
@@ -809,13 +1276,50 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 
   Engine& eng = Engine::get();
+  Bucketing bk = all_empty ? Bucketing{} : plan_bucketing(op, info, args, meta, meta_miss, key);
+  std::vector<at::Tensor> outs(info.ret_alias.size());
+  // A rule that cannot build a bucketed call (shapes it does not expect at the bounds) builds it
+  // again at the call's sizes: the second pass of this loop.
+  struct AtSizes {};
+  for (int pass = 0; pass < 2; ++pass) {
+  if (pass == 1) {
+    std::vector<std::vector<int64_t>> bounds = bk.out_bound;
+    bk = Bucketing{};
+    bk.exact_bound = std::move(bounds);
+    eng.metrics.dynamic_exact_ops++;
+  }
+  auto view_for = [&](const at::Tensor& t) { return bk.active ? bk.view(t) : view_of(t); };
+  const torch::jit::Stack& rargs = bk.active ? bk.args : args;
+  const MetaResult& rmeta = bk.active ? bk.meta : meta;
   engine::Graph& g = eng.graph(device);
+  // the bounds of each new output (0: a static dim): the buffers the program makes, so part of its key
+  std::vector<std::vector<int64_t>> out_bounds(meta.rets.size());
+  for (size_t k = 0; k < meta.rets.size(); ++k) {
+    if (!meta.rets[k].defined || info.ret_alias[k] >= 0) continue;
+    const auto& sizes = meta.rets[k].sizes;
+    if (bk.bucketed && k < bk.out_bound.size()) out_bounds[k] = bk.out_bound[k];
+    else if (k < bk.exact_bound.size()) out_bounds[k] = bk.exact_bound[k];
+    else if (!bk.exact_sizes.empty()) {
+      out_bounds[k].assign(sizes.size(), 0);
+      for (size_t i = 0; i < sizes.size(); ++i)
+        for (const auto& [n, b] : bk.exact_sizes)
+          if (sizes[i] == n && n >= 2) out_bounds[k][i] = b;
+    }
+    if (out_bounds[k].size() != sizes.size()) out_bounds[k].clear();
+  }
+  std::string rec_key = bk.active ? bk.key : key;
+  if (!bk.bucketed)
+    for (const auto& ob : out_bounds)
+      if (std::any_of(ob.begin(), ob.end(), [](int64_t b) { return b > 0; })) {
+        rec_key += 'X';
+        for (int64_t b : ob) sig_append(rec_key, &b, sizeof b);
+      }
   // the trace key: the signature plus where each tpu tensor lives in the graph
   engine::Op rec{info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), true,
-                 std::move(key), {}, {}};
+                 std::move(rec_key), {}, {}};
   if (eng.tracing()) {
     for_each_tensor(args, [&](const at::Tensor& t) {
-      if (t.defined() && t.device().type() == kTpu) rec.views.push_back(view_of(t));
+      if (t.defined() && t.device().type() == kTpu) rec.views.push_back(view_for(t));
     });
     rec.current = [&](int a) -> double {
       if (a < 0) return static_cast<double>(OpEnv::current_precision());
@@ -823,14 +1327,13 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : std::nan("");
     };
   }
-  std::vector<at::Tensor> outs(info.ret_alias.size());
   try {
     eng.apply(g, rec, [&] {
       OpEnv env(g, device);
-      auto largs = rule_args(schema, info.rule_args, args, env, [&](const at::Tensor& t) { return g.load(view_of(t)); });
+      auto largs = rule_args(schema, info.rule_args, rargs, env, [&](const at::Tensor& t) { return g.load(view_for(t)); });
       std::vector<hlo::Type> out_types;
-      for (size_t k = 0; k < meta.rets.size(); ++k) {
-        const auto& m = meta.rets[k];
+      for (size_t k = 0; k < rmeta.rets.size(); ++k) {
+        const auto& m = rmeta.rets[k];
         out_types.push_back(m.defined ? hlo::Type{to_hlo(compute_dtype[k].value_or(m.dtype)), m.sizes}
                                       : hlo::Type{hlo::DType::F32, {}});
       }
@@ -846,6 +1349,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                                                     replay_on_cpu(op, args);
                                                     throw;
                                                   } catch (const hlo::BuildError&) {
+                                                    if (bk.bucketed) throw AtSizes{};
                                                     replay_on_cpu(op, args);
                                                     throw;
                                                   }
@@ -857,21 +1361,29 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       for (const auto& [ai, v] : ctx.writes()) {
         const c10::IValue& iv = args[info.rule_args[ai]];
         if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu)
-          guarded(info.name.c_str(), [&] { g.store(view_of(iv.toTensor()), v); return 0; });
+          guarded(info.name.c_str(), [&] { g.store(view_for(iv.toTensor()), v); return 0; });
       }
       for (size_t k = 0; k < meta.rets.size(); ++k) {
         if (!meta.rets[k].defined) continue;
         int a = info.ret_alias[k];
         outs[k] = a >= 0 ? args[a].toTensor() : new_tpu_tensor(meta.rets[k], device);
+        if (a < 0 && !out_bounds[k].empty()) make_output_dynamic(outs[k], out_bounds[k]);
         if (res[k].valid() && compute_dtype[k])
           res[k] = guarded(info.name.c_str(), [&] { return g.b.convert(res[k], to_hlo(meta.rets[k].dtype)); });
-        if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_of(outs[k]), res[k]); return 0; });
+        if (res[k].valid() && bk.bucketed && res[k].shape() != rmeta.rets[k].sizes &&
+            hlo::numel(res[k].shape()) == hlo::numel(rmeta.rets[k].sizes))  // at the bounds' shape
+          res[k] = guarded(info.name.c_str(), [&] { return g.b.reshape(res[k], rmeta.rets[k].sizes); });
+        if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_for(outs[k]), res[k]); return 0; });
       }
       return reads;
     });
   } catch (const lower::Unsupported& u) {
     fallback_impl(op, stack, u.what());
     return;
+  } catch (const AtSizes&) {
+    continue;
+  }
+  break;
   }
   guarded(info.name.c_str(), [&] { eng.op_done(device); return 0; });
   torch::jit::drop(*stack, nargs);
@@ -1019,6 +1531,35 @@ at::Tensor& tpu_set_tensor(at::Tensor& self, const at::Tensor& src) {
 }
 
 // ---------------------------------------------------------------- copies & host reads
+// Bounded dynamism at the upload of a whole new tensor (x.to("tpu"), a DataLoader batch):
+// a size that changed since the last epoch at this dtype and rank makes the new storage
+// dynamic before the upload, so the host pads it (no conversion later).
+void upload_policy(const at::Tensor& dst) {
+  Engine& eng = Engine::get();
+  if (!eng.dynamism() || dst.dim() == 0) return;
+  auto st = storage_of(dst);
+  if (st->buffer || st->dynamic() || st->pinned_static || dst.storage_offset() != 0 || !dst.is_contiguous() ||
+      dst.numel() != st->numel() || (dst.is_leaf() && dst.requires_grad()))
+    return;
+  hlo::Shape bound(dst.dim(), 0);
+  bool any = false;
+  for (int64_t d = 0; d < dst.dim(); ++d) {
+    int64_t n = dst.size(d);
+    if (n < 2 || bound[d]) continue;
+    std::string site = "h2d";
+    site += static_cast<char>(dst.scalar_type());
+    for (int64_t e = 0; e < dst.dim(); ++e) {
+      int64_t x = dst.size(e) == n ? -1 : dst.size(e);
+      sig_append(site, &x, sizeof x);
+    }
+    if (!eng.size_changed(site, n)) continue;
+    for (int64_t e = 0; e < dst.dim(); ++e)
+      if (dst.size(e) == n) bound[e] = eng.bucket(n);
+    any = true;
+  }
+  if (any) eng.make_dynamic(st, dst.sizes().vec(), dst.strides().vec(), bound);
+}
+
 void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
   if (dst.numel() == 0) return;
   bool dst_tpu = dst.device().type() == kTpu, src_tpu = src.device().type() == kTpu;
@@ -1037,11 +1578,12 @@ void copy_impl(const at::Tensor& dst, const at::Tensor& src) {
   if (dst_tpu && src_tpu && dst.device() == src.device() && !lazy_bits) {
     auto& g = eng.graph(dst.device().index());
     eng.copy_view(g, view_of(src), view_of(dst), "aten::copy_",
-                  eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string());
+                  eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), /*promote=*/true);
     eng.op_done(dst.device().index());
     return;
   }
   if (dst_tpu) {  // host (or another tpu, or a lazy view) -> tpu
+    if (!src_tpu) upload_policy(dst);
     at::Tensor host = src_tpu ? src_on_host() : src.resolve_conj().resolve_neg();
     at::Tensor c = host.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
     eng.write(view_of(dst), c.data_ptr());
@@ -1355,6 +1897,15 @@ std::map<std::string, std::string> lowered_op_rules() {
   return std::map<std::string, std::string>(g_rule_for.begin(), g_rule_for.end());
 }
 int64_t meta_runs() { return g_meta_runs.load(); }
+
+std::map<std::string, int64_t> bucketed_counts() {
+  std::lock_guard<std::mutex> lock(g_bucket_mu);
+  return g_bucketed_counts;
+}
+void reset_bucketed_counts() {
+  std::lock_guard<std::mutex> lock(g_bucket_mu);
+  g_bucketed_counts.clear();
+}
 
 std::map<std::string, int64_t> fallback_counts() {
   std::lock_guard<std::mutex> lock(g_fb_mu);

@@ -345,6 +345,17 @@ py::dict metrics_dict() {
   d["compiled_runs"] = m.compiled_runs.load();
   d["frequent_compiles"] = m.frequent_compiles.load();
   d["map_releases"] = m.map_releases.load();
+  d["dynamic_ops"] = m.dynamic_ops.load();
+  d["bucketed_ops"] = aten::bucketed_counts();
+  d["dynamic_exact_ops"] = m.dynamic_exact_ops.load();
+  d["dynamic_conversions"] = m.dynamic_conversions.load();
+  d["dynamic_compiles"] = m.dynamic_compiles.load();
+  {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py::dict per;
+    for (const auto& [k, v] : engine::Engine::get().programs_per_bucket()) per[py::str(k)] = v;
+    d["programs_per_bucket"] = per;
+  }
   return d;
 }
 
@@ -353,11 +364,14 @@ void reset_metrics() {
   for (auto* c : {&m.compiles, &m.cache_hits, &m.cache_misses, &m.executions, &m.ops, &m.flushes, &m.compile_ns, &m.flush_ns, &m.program_bytes, &m.disk_hits, &m.disk_misses,
                   &m.disk_writes, &m.disk_errors, &m.trace_hits, &m.trace_ops, &m.trace_exits, &m.trace_recorded,
                   &m.trace_verify_failures, &m.captures, &m.compiled_runs, &m.frequent_compiles, &m.map_releases,
-                  &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes})
+                  &m.h2d_transfers, &m.h2d_bytes, &m.d2h_transfers, &m.d2h_bytes, &m.dynamic_ops,
+                  &m.dynamic_exact_ops, &m.dynamic_conversions, &m.dynamic_compiles})
     *c = 0;
   aten::reset_fallback_counts();
+  aten::reset_bucketed_counts();
   std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
   engine::Engine::get().reset_compile_counts();
+  engine::Engine::get().reset_programs_per_bucket();
 }
 }  // namespace
 
@@ -417,6 +431,46 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_get_cache_dir", [] { return engine::Engine::get().cache_dir(); });
   m.def("_set_fuse_limit", [](size_t n) { engine::Engine::get().set_fuse_limit(n); });
+  // bounded dynamism (torch_tpu/dynamic.py)
+  m.def("_set_dynamism", [](bool on) { engine::Engine::get().set_dynamism(on); });
+  m.def("_get_dynamism", [] { return engine::Engine::get().dynamism(); });
+  m.def("_set_buckets", [](std::vector<int64_t> steps, double growth, int64_t align) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    engine::Engine::get().set_buckets(std::move(steps), growth, align);
+  });
+  // testing rules on bucketed values: 0 the list, 1 every rule, 2 only `only`
+  m.def("_set_bucket_rules", [](int mode, std::vector<std::string> only) { lower::set_bucket_rules_override(mode, only); },
+        py::arg("mode"), py::arg("only") = std::vector<std::string>{});
+  m.def("_bucket_steps", [] { return engine::Engine::get().bucket_steps(); });
+  m.def("_bucket", [](int64_t n) { return engine::Engine::get().bucket(n); });
+  m.def("_mark_dynamic", [](const at::Tensor& t, int64_t dim, int64_t bound) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py_guard([&] {
+      auto st = aten::storage_of(t);
+      int64_t n = t.size(dim);
+      auto& eng = engine::Engine::get();
+      st->pinned_static = false;
+      if (t.storage_offset() == 0 && t.is_non_overlapping_and_dense() && t.numel() == st->numel() &&
+          (!st->dynamic() || (st->base_sizes == t.sizes().vec() && st->base_strides == t.strides().vec()))) {
+        engine::Shape b = st->dynamic() ? st->base_bound : engine::Shape(t.dim(), 0);
+        b[dim] = bound;
+        eng.make_dynamic(st, t.sizes().vec(), t.strides().vec(), b);
+      } else {
+        eng.make_dynamic(st, st->numel() - t.numel() + t.numel() / n * bound, {{n, bound}});
+      }
+      return 0;
+    });
+  });
+  m.def("_mark_static", [](const at::Tensor& t) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    aten::storage_of(t)->pinned_static = true;
+  });
+  m.def("_dynamic_sizes", [](const at::Tensor& t) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    auto st = aten::storage_of(t);
+    return std::make_pair(st->dyn, st->elements());
+  });
   m.def("_get_fuse_limit", [] { return engine::Engine::get().fuse_limit(); });
   m.def("_set_fuse_split_threads", [](bool on) {
     py::gil_scoped_release nogil;

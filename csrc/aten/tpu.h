@@ -42,6 +42,8 @@ std::vector<std::string> lowered_op_names();
 std::map<std::string, std::string> lowered_op_rules();  // registered op -> the rule it runs
 int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)
 std::map<std::string, int64_t> fallback_counts();
+std::map<std::string, int64_t> bucketed_counts();  // op -> calls built at a bucket (bounded dynamism)
+void reset_bucketed_counts();
 void reset_fallback_counts();
 
 // Replaces boolean/uint8 masks in x[indices] by the int64 coordinates of their

@@ -167,7 +167,7 @@ Value Graph::flat(const StoragePtr& st, DType as) {
   } else {
     Entry e;
     e.st = st;
-    Type t{st->dtype, {st->numel()}};
+    Type t{st->dtype, {st->elements()}};
     auto ext = external_.find(st.get());
     bool input = ext != external_.end() && ext->second.kind == Slot::Kind::Input;
     if (st->buffer || input) {
@@ -212,6 +212,7 @@ int offset_class(const View& v, const std::vector<Dim>& d, int64_t N) {
 Value Graph::offset_param(int64_t offset) { return scalar_param(static_cast<double>(offset), true, DType::S64); }
 
 Value Graph::load(const View& v) {
+  if (v.runtime) return load_runtime(v);
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return b.zeros(v.dtype, v.sizes);
   Value fl = flat(v.st, v.dtype);
@@ -250,9 +251,11 @@ Value Graph::load(const View& v) {
 }
 
 void Graph::store(const View& v, Value value) {
+  if (v.runtime) return store_runtime(v, value);
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return;
   if (value.dtype() != v.dtype) value = b.convert(value, v.dtype);
+  if (value.type.dynamic) return store_runtime(v, value);  // a bucketed value: its real part
   if (value.shape() != v.sizes) {
     if (hlo::numel(value.shape()) == n) value = b.reshape(value, v.sizes);
     else value = b.broadcast_to(value, v.sizes);
@@ -299,6 +302,116 @@ void Graph::store(const View& v, Value value) {
   ++stores_;
 }
 
+// ---- bounded dynamism: views read and written through run-time geometry
+Shape View::value_shape() const {
+  if (bound.empty()) return sizes;
+  Shape s = sizes;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (bound[i] > 0) s[i] = bound[i];
+  return s;
+}
+
+bool View::has_dynamic_dims() const {
+  for (int64_t x : bound)
+    if (x > 0) return true;
+  return false;
+}
+
+namespace {
+// The whole storage in PyTorch's row-major layout.
+bool whole_row_major(const View& v) {
+  return v.offset == 0 && row_major(v.sizes, v.strides) && hlo::numel(v.sizes) == v.st->numel() &&
+         (!v.st->typed || v.st->dtype == v.dtype);
+}
+
+// A whole storage whose dynamic dims follow only size-1 dims (at most one of them): its
+// value is the buffer's first elements, reshaped.
+bool reshape_layout(const View& v, const Shape& value_shape) {
+  if (!whole_row_major(v)) return false;
+  bool leading = true;
+  int dynamic = 0;
+  for (size_t i = 0; i < v.sizes.size(); ++i) {
+    bool dyn = !v.bound.empty() && v.bound[i] > 0;
+    if (dyn && !leading) return false;
+    dynamic += dyn;
+    if (value_shape[i] != 1) leading = false;
+  }
+  return dynamic <= 1 && hlo::numel(value_shape) <= v.st->elements();
+}
+}  // namespace
+
+// Positions offset + sum_k i_k * stride_k over `shape` (offset and strides are s64
+// parameters: they may depend on a dynamic size), as an s64 tensor of that shape.
+Value Graph::runtime_positions(const View& v, const Shape& shape) {
+  Value acc = b.broadcast_in_dim(offset_param(v.offset), shape, {});
+  for (size_t k = 0; k < shape.size(); ++k) {
+    if (shape[k] == 1) continue;
+    Value stride = b.broadcast_in_dim(scalar_param(static_cast<double>(v.strides[k]), true, DType::S64), shape, {});
+    acc = b.add(acc, b.mul(b.iota(DType::S64, shape, static_cast<int64_t>(k)), stride));
+  }
+  return acc;
+}
+
+Value Graph::load_runtime(const View& v) {
+  Shape vs = v.value_shape();
+  if (hlo::numel(vs) == 0 || hlo::numel(v.sizes) == 0) return b.zeros(v.dtype, vs);
+  Value fl = flat(v.st, v.dtype);
+  int64_t N = fl.shape()[0];
+  Value val;
+  if (reshape_layout(v, vs)) {
+    int64_t m = hlo::numel(vs);
+    val = b.reshape(m == N ? fl : b.slice(fl, {0}, {m}, {1}), vs);
+  } else {  // a gather; positions past the real elements read the padding
+    Value pos = runtime_positions(v, vs);
+    pos = b.clamp(b.constant_int(0, DType::S64), pos, b.constant_int(N - 1, DType::S64));
+    val = b.take(fl, pos, 0);
+  }
+  for (size_t i = 0; i < vs.size(); ++i)
+    if (!v.bound.empty() && v.bound[i] > 0) {
+      val = b.set_dimension_size(val, scalar_param(static_cast<double>(v.sizes[i]), true, DType::S32), static_cast<int64_t>(i));
+      if (std::find(buckets.begin(), buckets.end(), v.bound[i]) == buckets.end()) buckets.push_back(v.bound[i]);
+    }
+  return val;
+}
+
+// Writes of a bucketed value: dims of the value beyond the view's real sizes are
+// padding. A scatter over the value's shape whose positions past a real size are out
+// of range (dropped); its result keeps the storage's static shape (a reshape or an
+// update_slice of a dynamic value would make the program's result dynamic).
+void Graph::store_runtime(const View& v, Value value) {
+  if (hlo::numel(v.sizes) == 0) return;
+  if (value.dtype() != v.dtype) value = b.convert(value, v.dtype);
+  // one entry per dim of the view, at least its real size (more in a bucketed dim)
+  bool fits = value.rank() == static_cast<int64_t>(v.sizes.size());
+  for (size_t i = 0; fits && i < v.sizes.size(); ++i) fits = value.shape()[i] >= v.sizes[i];
+  if (!fits) {
+    Shape vs = v.value_shape();
+    int64_t m = hlo::numel(value.shape());
+    value = m == hlo::numel(vs) ? b.reshape(value, vs) : m == hlo::numel(v.sizes) ? b.reshape(value, v.sizes) : b.broadcast_to(value, vs);
+  }
+  Shape U = value.shape();
+  Value fl = flat(v.st, v.dtype);
+  int64_t N = fl.shape()[0];
+  Value pos = runtime_positions(v, U);
+  Value keep;
+  for (size_t k = 0; k < U.size(); ++k) {  // (the text follows the key: a dynamic dim's size is a parameter)
+    if (U[k] == v.sizes[k] && (v.bound.empty() || v.bound[k] == 0)) continue;
+    Value size = b.broadcast_in_dim(scalar_param(static_cast<double>(v.sizes[k]), true, DType::S64), U, {});
+    Value in = b.compare(b.iota(DType::S64, U, static_cast<int64_t>(k)), size, hlo::Cmp::LT);
+    keep = keep.valid() ? b.binary("and", keep, in) : in;
+  }
+  if (keep.valid()) pos = b.select(keep, pos, b.constant_int(N, DType::S64, U));
+  Shape ishape = U;
+  ishape.push_back(1);
+  Value next = b.scatter_nd(fl, b.reshape(pos, ishape), value);
+  next.type.dynamic = false;  // the scatter's result has the storage's static shape
+  next = reinterpret(b, next, v.st->dtype);
+  Entry& e = entries_[index_.at(v.st.get())];
+  e.cur = next;
+  e.written = true;
+  ++stores_;
+}
+
 int Graph::op_at_line(int line) const {
   // module(): two header lines precede the body
   int body_line = line - 2;
@@ -331,10 +444,22 @@ void Graph::key_view(KeyBuilder& kb, const View& v) const {
       kb.k += st->buffer ? 'p' : 'z';
       kb.k += static_cast<char>(st->typed);
       kb.k += static_cast<char>(st->dtype);
-      kb.i64(st->nbytes);
+      if (st->dynamic()) {  // its bucket, not its size
+        kb.k += 'D';
+        kb.i64(st->elements());
+      } else {
+        kb.i64(st->nbytes);
+      }
     }
   }
   kb.k += static_cast<char>(v.dtype);
+  if (v.runtime) {  // offset, strides and dynamic sizes are parameters
+    Shape vs = v.value_shape();
+    kb.k += reshape_layout(v, vs) ? 'R' : 'G';
+    kb.i64(static_cast<int64_t>(vs.size()));
+    for (size_t i = 0; i < vs.size(); ++i) kb.i64(!v.bound.empty() && v.bound[i] > 0 ? -vs[i] : vs[i]);
+    return;
+  }
   // offsets are program parameters: only their class shapes the text
   int64_t N = st->typed ? st->nbytes / hlo::itemsize(v.dtype) : 0;
   kb.k += static_cast<char>(offset_class(v, core_dims(v.sizes, v.strides), N));
@@ -460,10 +585,11 @@ void Engine::zero_fill(Storage& st) {
     st.dtype = DType::U8;
     st.typed = true;
   }
-  std::vector<char> zeros(static_cast<size_t>(st.nbytes), 0);
-  st.buffer = rt::Client::get().from_host(zeros.data(), pjrt_type(st.dtype), {st.numel()}, st.device);
+  int64_t nbytes = st.elements() * hlo::itemsize(st.dtype);
+  std::vector<char> zeros(static_cast<size_t>(nbytes), 0);
+  st.buffer = rt::Client::get().from_host(zeros.data(), pjrt_type(st.dtype), {st.elements()}, st.device);
   metrics.h2d_transfers++;
-  metrics.h2d_bytes += st.nbytes;
+  metrics.h2d_bytes += nbytes;
 }
 
 void Engine::set_mode(Mode m) {
@@ -495,6 +621,7 @@ void Engine::flush_all() {
 }
 
 void Engine::synchronize() {
+  end_epoch();
   flush_all();
   rt::Client::get().wait_all();
   for (auto& [device, dirty] : check_dirty_)
@@ -563,6 +690,10 @@ void Engine::raise_device_errors(int device) {
     msg = c.message;
     auto at = msg.find("{}");
     if (at != std::string::npos) msg.replace(at, 2, std::to_string(word[1]));
+    at = msg.find("{lo32}");  // two 32-bit numbers packed in the value (an index, a run-time size)
+    if (at != std::string::npos) msg.replace(at, 6, std::to_string(static_cast<int32_t>(static_cast<uint64_t>(word[1]))));
+    at = msg.find("{hi32}");
+    if (at != std::string::npos) msg.replace(at, 6, std::to_string(static_cast<int32_t>(static_cast<uint64_t>(word[1]) >> 32)));
     at = msg.find("{f32,f32}");  // two float32 bit patterns, printed as PyTorch prints numbers
     if (at != std::string::npos) {
       auto f32 = [](uint32_t bits) {
@@ -925,7 +1056,7 @@ void Engine::collect_results(Graph& g, Program& p, std::vector<int>& entries, st
     // a capture donates every written input (a run opts out where the buffer is shared)
     bool donor = g.capture ? ext != g.external_.end() && ext->second.kind == Slot::Kind::Input
                            : e.st->buffer && e.st->buffer.use_count() == 1;
-    if (e.param >= 0 && donor && e.cur.type == Type{e.st->dtype, {e.st->numel()}})
+    if (e.param >= 0 && donor && e.cur.type == Type{e.st->dtype, {e.st->elements()}})
       p.donations.emplace_back(e.param, static_cast<int>(values.size()));
     p.results.push_back(ext != g.external_.end() ? ext->second : Slot{Slot::Kind::Storage, e.st, 0});
     entries.push_back(static_cast<int>(i));
@@ -935,6 +1066,7 @@ void Engine::collect_results(Graph& g, Program& p, std::vector<int>& entries, st
 }
 
 void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
+  set_param_bytes(g, p);
   for (auto& [param, result] : p.donations) g.b.alias(param, result);
   p.text = std::make_shared<const std::string>(g.b.module(values));
   metrics.program_bytes += static_cast<int64_t>(p.text->size());
@@ -945,7 +1077,25 @@ void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
   } catch (const rt::Error& err) {
     throw rt::Error(describe_failure(g, err.what()), err.code());
   }
-  if (metrics.compiles.load() != before) note_compile(g, values);
+  if (metrics.compiles.load() != before) {
+    static const bool log = std::getenv("TORCH_TPU_LOG_COMPILES") != nullptr;  // debugging aid
+    if (log) {
+      std::string ops;
+      for (size_t i = 0; i < g.ops.size() && i < 6; ++i) ops += " " + g.ops[i];
+      std::string ps;
+      for (const auto& t : g.b.param_types()) ps += " " + t.str();
+      std::fprintf(stderr, "torch_tpu compile: %zu ops:%s%s (%s)\n", g.ops.size(), ops.c_str(), g.ops.size() > 6 ? " ..." : "", ps.c_str());
+    }
+    note_compile(g, values);
+    if (!g.buckets.empty()) {
+      std::vector<int64_t> bs = g.buckets;
+      std::sort(bs.begin(), bs.end());
+      std::string k;
+      for (int64_t x : bs) k += (k.empty() ? "" : ",") + std::to_string(x);
+      programs_per_bucket_[k]++;
+      metrics.dynamic_compiles++;
+    }
+  }
 }
 
 // Like PyTorch/XLA's "CompileTime too frequent": the same ops compiling program
@@ -969,6 +1119,11 @@ void Engine::note_compile(const Graph& g, const std::vector<Value>& results) {
           " different programs for the same input shapes; something that changes from call to call is part of "
           "the program (e.g. a Python number the op reads as a constant). Each new program costs a compile "
           "(torch_tpu.metrics.report()['frequent_compiles'] counts such op sequences).");
+}
+
+void Engine::set_param_bytes(const Graph& g, Program& p) {
+  p.param_bytes.clear();
+  for (const auto& t : g.b.param_types()) p.param_bytes.push_back(hlo::numel(t.shape) * hlo::itemsize(t.dtype));
 }
 
 Program Engine::build(Graph& g) {
@@ -1020,9 +1175,9 @@ void Engine::run_replicated(const Program& p, const std::vector<std::vector<Stor
   auto on_device = [&](Storage& st, int r) -> rt::BufferPtr {  // st's value on device r
     if (!st.buffer) zero_fill(st);
     if (st.device == r) return st.buffer;
-    std::vector<char> host(static_cast<size_t>(st.nbytes));
+    std::vector<char> host(static_cast<size_t>(st.elements() * hlo::itemsize(st.dtype)));
     st.buffer->to_host(host.data(), host.size());
-    return client.from_host(host.data(), pjrt_type(st.dtype), {st.numel()}, r);
+    return client.from_host(host.data(), pjrt_type(st.dtype), {st.elements()}, r);
   };
   for (size_t i = 0; i < p.params.size(); ++i) {
     const Binding& b = p.params[i];
@@ -1085,6 +1240,17 @@ void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const 
         const StoragePtr& st = storage(b.st, b.kind == Binding::Kind::Input ? Slot::Kind::Input : Slot::Kind::Storage, b.index);
         buf = st->buffer;
         if (!buf) throw rt::Error("torch_tpu: a program input has no device buffer");
+        if (i < p.param_bytes.size() && st->elements() * hlo::itemsize(st->dtype) != p.param_bytes[i])
+          throw rt::Error("torch_tpu: a tensor the program reads (" +
+                          std::string(b.kind == Binding::Kind::Input ? "input " + std::to_string(b.index) : "a storage") +
+                          ") changed its storage size since the program was built (" + std::to_string(p.param_bytes[i]) +
+                          " bytes expected, " + std::to_string(st->elements() * hlo::itemsize(st->dtype)) +
+                          (st->dynamic() ? ", made dynamic" : "") + ")");
+        if (i < p.param_bytes.size() && buf->bytes() != p.param_bytes[i])
+          throw rt::Error("torch_tpu: internal error: parameter " + std::to_string(i) + " of a program expects " +
+                          std::to_string(p.param_bytes[i]) + " bytes, its buffer holds " +
+                          std::to_string(buf->bytes()) + " (storage " + std::to_string(st->nbytes) + " bytes" +
+                          (st->dynamic() ? ", dynamic, capacity " + std::to_string(st->capacity) : "") + ")");
         break;
       }
       case Binding::Kind::Scalar:
@@ -1153,6 +1319,7 @@ void Engine::flush(int device) {
       last_program_ = t->text;
       p.exe = t->exe;
       p.text = t->text;
+      set_param_bytes(*g, p);
       run(p);
       return;
     }
@@ -1162,6 +1329,10 @@ void Engine::flush(int device) {
       while (k + 1 < g->ops.size() && g->sites[k + 1].body_start == t->marks[k + 1] &&
              g->b.body_text().compare(0, t->marks[k + 1], t->body, 0, t->marks[k + 1]) == 0)
         ++k;
+      if (std::getenv("TORCH_TPU_VERIFY_DUMP")) {  // debugging aid: both texts
+        std::ofstream("/tmp/tt_verify_recorded.txt") << t->body;
+        std::ofstream("/tmp/tt_verify_built.txt") << g->b.body_text();
+      }
       mismatch = "torch_tpu: trace verify: the program text differs from the recorded trace at op " +
                  std::to_string(k) + " (" + g->ops[k] + "): a rule's text depends on something its trace key misses";
     }
@@ -1178,6 +1349,7 @@ void Engine::read(const View& v, void* dst) {
   if (n == 0) return;
   flush(v.st->device);
   raise_device_errors(v.st->device);  // a failed check comes before the data it may have spoiled
+  end_epoch();
   size_t nbytes = static_cast<size_t>(n * hlo::itemsize(v.dtype));
   bool whole = v.st->typed && v.st->dtype == v.dtype && v.offset == 0 && n == v.st->numel() &&
                row_major(v.sizes, v.strides);
@@ -1185,23 +1357,46 @@ void Engine::read(const View& v, void* dst) {
     std::memset(dst, 0, nbytes);
     return;
   }
-  rt::BufferPtr buf;
-  if (whole) {
-    buf = v.st->buffer;
-  } else {
-    // materialise the view into a fresh dense storage first
+  StoragePtr src = v.st;
+  if (!whole) {
+    // materialise the view into a fresh dense storage first (a dynamic one for a view
+    // with dynamic dims, so the copy serves its bucket)
     auto tmp = std::make_shared<Storage>(n * hlo::itemsize(v.dtype), v.st->device);
+    tmp->dtype = v.dtype;
+    tmp->typed = true;
+    View from = dynamic_view(v);
+    if (from.has_dynamic_dims()) make_dynamic(tmp, v.sizes, row_major_strides(v.sizes), from.bound);
     Graph& g = graph(v.st->device);
-    copy_view(g, v, View{tmp, 0, {n}, {1}, v.dtype}, "read (tpu to host)");
+    copy_view(g, v, View{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype}, "read (tpu to host)");
     flush(v.st->device);
-    buf = tmp->buffer;
+    src = tmp;
   }
-  buf->to_host(dst, nbytes);
+  if (src->dynamic()) {  // the buffer's first n elements
+    std::vector<char> all(static_cast<size_t>(src->elements() * hlo::itemsize(src->dtype)));
+    src->buffer->to_host(all.data(), all.size());
+    std::memcpy(dst, all.data(), nbytes);
+  } else {
+    src->buffer->to_host(dst, nbytes);
+  }
   metrics.d2h_transfers++;
   metrics.d2h_bytes += static_cast<int64_t>(nbytes);
 }
 
-void Engine::copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site) {
+void Engine::copy_view(Graph& g, const View& from_view, const View& to_view, const std::string& name,
+                       const std::string& site, bool promote) {
+  View from = dynamic_view(from_view), to = dynamic_view(to_view);
+  // a copy of a view with dynamic dims into a whole fresh storage (clone, contiguous):
+  // the copy is dynamic too
+  if (promote && from.has_dynamic_dims() && !to.st->dynamic() && !to.st->buffer && !g.index_.count(to.st.get()) &&
+      to.offset == 0 && to.sizes == from.sizes && row_major(to.sizes, to.strides) &&
+      hlo::numel(to.sizes) * hlo::itemsize(to.dtype) == to.st->nbytes) {
+    if (!to.st->typed) {
+      to.st->dtype = to.dtype;
+      to.st->typed = true;
+    }
+    make_dynamic(to.st, to.sizes, to.strides, from.bound);
+    to = dynamic_view(to_view);
+  }
   Op op{name, site, true, "copy", {from, to}, {}};
   apply(g, op, [&] {
     g.store(to, g.load(from));  // store converts the type and reshapes / broadcasts
@@ -1248,7 +1443,13 @@ void Engine::write(const View& v, const void* src) {
     flush(v.st->device);  // pending writes to this storage happen before the upload
     v.st->dtype = v.dtype;
     v.st->typed = true;
-    v.st->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
+    if (v.st->dynamic()) {  // padded to the storage's capacity
+      std::vector<char> padded(static_cast<size_t>(v.st->elements() * hlo::itemsize(v.dtype)), 0);
+      std::memcpy(padded.data(), src, static_cast<size_t>(nbytes));
+      v.st->buffer = client.from_host(padded.data(), pjrt_type(v.dtype), {v.st->elements()}, v.st->device);
+    } else {
+      v.st->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
+    }
     return;
   }
   auto tmp = std::make_shared<Storage>(nbytes, v.st->device);
@@ -1258,6 +1459,181 @@ void Engine::write(const View& v, const void* src) {
   Graph& g = graph(v.st->device);
   copy_view(g, View{tmp, 0, v.sizes, row_major_strides(v.sizes), v.dtype}, v, "copy_ (host to tpu)");
   op_done(v.st->device);
+}
+
+// ---------------------------------------------------------------- bounded dynamism
+int64_t Engine::bucket(int64_t n) const {
+  for (int64_t s : steps_)
+    if (s >= n) return s;
+  double b = steps_.empty() ? 1.0 : static_cast<double>(steps_.back());
+  while (b < static_cast<double>(n)) {
+    b *= growth_ > 1.0 ? growth_ : 2.0;
+    b = std::ceil(b / static_cast<double>(align_)) * static_cast<double>(align_);
+  }
+  return static_cast<int64_t>(b);
+}
+
+void Engine::set_buckets(std::vector<int64_t> steps, double growth, int64_t align) {
+  std::sort(steps.begin(), steps.end());
+  steps_ = std::move(steps);
+  growth_ = growth;
+  align_ = align > 0 ? align : 1;
+}
+
+View Engine::dynamic_view(const View& v) const {
+  if (!v.st->dynamic()) return v;
+  View d = v;
+  d.runtime = true;
+  const Storage& st = *v.st;
+  if (v.sizes == st.base_sizes && v.strides == st.base_strides && v.offset == 0) {
+    d.bound = st.base_bound;
+    return d;
+  }
+  d.bound.assign(v.sizes.size(), 0);
+  if (!st.base_sizes.empty() && (!st.typed || st.dtype == v.dtype)) {
+    // a view of the tensor the storage was made for: a dim that walks a dynamic dim of it
+    // (the same stride) is dynamic with that dim's bound; one that walks a slice or a split
+    // of it, or several dims of it merged (x.view(-1)) with a dynamic one, at its own bucket
+    const Shape &bs = st.base_sizes, &bt = st.base_strides, &bb = st.base_bound;
+    // dim i walks inside base dim k (its stride a multiple of k's, within k's extent)
+    auto inside = [&](size_t i, size_t k) {
+      return bs[k] >= 2 && bt[k] > 0 && v.strides[i] % bt[k] == 0 && v.strides[i] < bt[k] * bs[k];
+    };
+    for (size_t i = 0; i < v.sizes.size(); ++i) {
+      if (v.sizes[i] < 2) continue;
+      for (size_t k = 0; k < bs.size(); ++k) {
+        if (bs[k] < 2 || bt[k] != v.strides[i]) {
+          if (inside(i, k) && bb[k] > 0) d.bound[i] = live_bound(v.sizes[i]);  // a split's outer factor
+          if (inside(i, k)) break;
+          continue;
+        }
+        if (v.sizes[i] == bs[k]) {
+          d.bound[i] = bb[k];
+          break;
+        }
+        if (v.sizes[i] < bs[k]) {
+          if (bb[k] == 0) break;
+          // the inner factor of a split (another dim walks k at this dim's extent), or a slice
+          bool split = false;
+          for (size_t j = 0; j < v.sizes.size(); ++j)
+            split |= j != i && v.sizes[j] >= 2 && v.strides[j] == v.strides[i] * v.sizes[i];
+          d.bound[i] = split ? live_bound(v.sizes[i]) : bucket(v.sizes[i]);
+          break;
+        }
+        // merged with the dims before it (row-major among themselves)
+        int64_t span = bs[k], stride = bt[k] * bs[k];
+        bool dyn = bb[k] > 0;
+        for (size_t j = k; j-- > 0 && span < v.sizes[i];) {
+          if (bs[j] == 1) continue;
+          if (bt[j] != stride) break;
+          span *= bs[j];
+          stride *= bs[j];
+          dyn |= bb[j] > 0;
+        }
+        if (span == v.sizes[i] && dyn) d.bound[i] = bucket(v.sizes[i]);
+        break;
+      }
+    }
+    return d;
+  }
+  for (size_t i = 0; i < v.sizes.size(); ++i)
+    if (v.sizes[i] >= 2) d.bound[i] = st.bound_of(v.sizes[i]);
+  return d;
+}
+
+void Engine::make_dynamic(const StoragePtr& st, const Shape& sizes, const Shape& strides, const Shape& bound) {
+  std::vector<std::pair<int64_t, int64_t>> dyn;
+  Shape full = sizes;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (bound[i] > 0) {
+      dyn.emplace_back(sizes[i], bound[i]);
+      full[i] = bound[i];
+    }
+  if (dyn.empty()) return;
+  bool fresh = !st->dynamic();
+  make_dynamic(st, st->numel() - hlo::numel(sizes) + hlo::numel(full), dyn);
+  if (fresh) {
+    st->base_sizes = sizes;
+    st->base_strides = strides;
+    st->base_bound = bound;
+  } else if (st->base_sizes == sizes && st->base_strides == strides) {
+    for (size_t i = 0; i < bound.size(); ++i) st->base_bound[i] = std::max(st->base_bound[i], bound[i]);
+  }
+}
+
+void Engine::make_dynamic(const StoragePtr& st, int64_t capacity, const std::vector<std::pair<int64_t, int64_t>>& sizes) {
+  if (!st->typed) {
+    st->dtype = DType::U8;
+    st->typed = true;
+  }
+  int64_t old = st->elements();
+  capacity = std::max({capacity, st->numel(), st->dynamic() ? st->capacity : int64_t{0}});
+  if ((st->buffer || pending(st)) && capacity > old) {
+    flush(st->device);  // its pending value first
+    if (st->buffer) {  // padded through host memory: no program to compile
+      size_t item = static_cast<size_t>(hlo::itemsize(st->dtype));
+      std::vector<char> host(static_cast<size_t>(capacity) * item, 0);
+      st->buffer->to_host(host.data(), static_cast<size_t>(old) * item);
+      st->buffer = rt::Client::get().from_host(host.data(), pjrt_type(st->dtype), {capacity}, st->device);
+      metrics.d2h_transfers++;
+      metrics.d2h_bytes += old * static_cast<int64_t>(item);
+      metrics.h2d_transfers++;
+      metrics.h2d_bytes += capacity * static_cast<int64_t>(item);
+    }
+    metrics.dynamic_conversions++;
+  }
+  st->capacity = capacity;
+  for (const auto& [size, bound] : sizes) {
+    if (live_.size() > 4096) live_.clear();
+    live_[size] = {bound, epoch_};
+    bool known = false;
+    for (auto& e : st->dyn)
+      if (e.first == size) {
+        e.second = std::max(e.second, bound);
+        known = true;
+      }
+    if (!known) st->dyn.emplace_back(size, bound);
+  }
+}
+
+void Engine::make_static(const StoragePtr& st) {
+  if (!st->dynamic()) return;
+  if (pending(st)) flush(st->device);
+  if (st->buffer) {
+    size_t item = static_cast<size_t>(hlo::itemsize(st->dtype));
+    std::vector<char> host(static_cast<size_t>(st->capacity) * item, 0);
+    st->buffer->to_host(host.data(), host.size());
+    st->buffer = rt::Client::get().from_host(host.data(), pjrt_type(st->dtype), {st->numel()}, st->device);
+    metrics.d2h_transfers++;
+    metrics.d2h_bytes += static_cast<int64_t>(host.size());
+    metrics.h2d_transfers++;
+    metrics.h2d_bytes += st->numel() * static_cast<int64_t>(item);
+  }
+  st->dyn.clear();
+  st->capacity = 0;
+  st->base_sizes.clear();
+  st->base_strides.clear();
+  st->base_bound.clear();
+}
+
+int64_t Engine::live_bound(int64_t size) const {
+  auto it = live_.find(size);
+  return it != live_.end() && epoch_ - it->second.second <= 2 ? it->second.first : 0;
+}
+
+bool Engine::size_changed(const std::string& site, int64_t size) {
+  if (!dynamism_) return false;
+  if (sites_.size() > 65536) sites_.clear();
+  SiteSizes& s = sites_[site];
+  if (s.epoch != epoch_) {
+    if (!s.cur.empty()) s.prev = std::move(s.cur);
+    s.cur.clear();
+    s.epoch = epoch_;
+  }
+  if (s.dynamic) return true;
+  if (std::find(s.cur.begin(), s.cur.end(), size) == s.cur.end()) s.cur.push_back(size);
+  s.dynamic = !s.prev.empty() && std::find(s.prev.begin(), s.prev.end(), size) == s.prev.end();
+  return s.dynamic;
 }
 
 }  // namespace tt::engine

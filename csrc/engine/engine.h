@@ -42,6 +42,23 @@ struct Storage {
   // message any later use raises.
   std::shared_ptr<const std::string> donated;
   int64_t numel() const { return typed ? nbytes / hlo::itemsize(dtype) : 0; }
+  // Bounded dynamism (see DESIGN "Shapes"): a dynamic storage's buffer holds
+  // `capacity` elements (its numel() first, in PyTorch's layout, then padding),
+  // so programs that read it depend on its bucket, not its size; `sizes` lists
+  // the sizes that are dynamic in its views, each with its bound.
+  int64_t capacity = 0;
+  std::vector<std::pair<int64_t, int64_t>> dyn;  // (size, bound)
+  // the tensor it was made dynamic for: its sizes, strides and per dim the bound of a
+  // dynamic dim (0: static); views of it take the bounds of the dims they walk
+  Shape base_sizes, base_strides, base_bound;
+  bool pinned_static = false;  // torch_tpu.mark_static: the size policy leaves it alone
+  bool dynamic() const { return !dyn.empty(); }
+  int64_t elements() const { return dynamic() ? capacity : numel(); }  // the buffer's length
+  int64_t bound_of(int64_t size) const {  // 0: not a dynamic size of this storage
+    for (const auto& [s, b] : dyn)
+      if (s == size) return b;
+    return 0;
+  }
 };
 using StoragePtr = std::shared_ptr<Storage>;
 
@@ -50,6 +67,14 @@ struct View {
   int64_t offset = 0;  // in elements of dtype
   Shape sizes, strides;
   DType dtype = DType::F32;
+  // Bounded dynamism. `runtime` views are read and written with their offset,
+  // strides and dynamic sizes as program parameters (the program serves every
+  // view of that bucket); bound[i] > 0 makes dim i dynamic: its value is built
+  // at bound[i] elements of which sizes[i] are real. Set by Engine::dynamic_view.
+  bool runtime = false;
+  Shape bound;
+  Shape value_shape() const;  // the shape of its value: bound where dynamic, else sizes
+  bool has_dynamic_dims() const;
 };
 
 enum class Mode { Strict = 0, Debug = 1, DeferAndFuse = 2 };
@@ -82,6 +107,7 @@ struct Program {
   rt::ExecutablePtr exe;
   std::shared_ptr<const std::string> text;
   std::vector<Binding> params;
+  std::vector<int64_t> param_bytes;  // what each parameter's buffer holds
   std::vector<Slot> results;
   std::vector<std::pair<int, int>> donations;  // (param, result)
   // Buffers of Scalar bindings, made on the first run (a compiled graph runs many times).
@@ -114,6 +140,9 @@ struct Metrics {
   std::atomic<int64_t> frequent_compiles{0};
   // times the caches let go of their executables because the process neared vm.max_map_count
   std::atomic<int64_t> map_releases{0};
+  // bounded dynamism: ops built at a bucket, ops with dynamic inputs built at their exact
+  // sizes (no bucketed rule), storages made dynamic (padded), and compiles of bucketed programs
+  std::atomic<int64_t> dynamic_ops{0}, dynamic_exact_ops{0}, dynamic_conversions{0}, dynamic_compiles{0};
 };
 
 // A recorded op sequence: the key of each op (everything its program text
@@ -153,6 +182,8 @@ class Graph {
   // generator each time the program runs (n words per run).
   std::pair<Value, Value> rng_param(int64_t n);
   bool has_stores() const { return stores_ > 0; }
+  // the bounds of the dynamic dims its views were read or written at (programs per bucket)
+  std::vector<int64_t> buckets;
   // Capture (compiled graphs): storage st stands for the storage of runtime
   // input or output `index` of a program built once and run many times.
   void bind_external(const StoragePtr& st, Slot::Kind kind, int index);
@@ -208,6 +239,9 @@ class Graph {
   };
   Value flat(const StoragePtr& st, DType as);
   Value offset_param(int64_t offset);  // a view's offset, as an s64 parameter
+  Value load_runtime(const View& v);
+  void store_runtime(const View& v, Value value);
+  Value runtime_positions(const View& v, const Shape& shape);
   std::vector<Entry> entries_;
   std::unordered_map<Storage*, int> index_;
   std::vector<Binding> params_;  // per program parameter
@@ -269,6 +303,49 @@ class Engine {
   // PyTorch layer, which owns the generators.
   using RngSource = std::function<std::pair<uint64_t, uint64_t>(int, uint64_t)>;
   void set_rng_source(RngSource f) { rng_source_ = std::move(f); }
+  // ---- bounded dynamism (DESIGN.md, "Shapes")
+  // The bound a dynamic size n is built at: the first ladder step >= n (powers of two
+  // from 2 to 1024, then steps of 1.25x rounded up to a multiple of 128, by default:
+  // a padded dim holds at most twice its elements).
+  int64_t bucket(int64_t n) const;
+  // Explicit steps (ascending), then `growth` x the last, rounded up to a multiple of `align`.
+  void set_buckets(std::vector<int64_t> steps, double growth, int64_t align);
+  const std::vector<int64_t>& bucket_steps() const { return steps_; }
+  // v read and written through run-time geometry, with its dims of a dynamic size of its
+  // storage dynamic; v itself for a storage of fixed size.
+  View dynamic_view(const View& v) const;
+  // Makes st dynamic: a buffer of `capacity` elements (at least its size) and `sizes`
+  // (size, bound) added to its dynamic sizes. A storage that holds values is padded
+  // through host memory (a copy, no program to compile).
+  void make_dynamic(const StoragePtr& st, int64_t capacity, const std::vector<std::pair<int64_t, int64_t>>& sizes);
+  // Makes a dynamic st static again (its buffer cut to numel() through host memory, no program):
+  // a compiled program captured with a static input reads it in place.
+  void make_static(const StoragePtr& st);
+  // make_dynamic for the dense tensor (sizes, strides) at offset 0, with per-dim bounds
+  // `bound` (0: static)
+  void make_dynamic(const StoragePtr& st, const Shape& sizes, const Shape& strides, const Shape& bound);
+  // The policy that makes a size dynamic: `site` names a size of a call (its signature with
+  // that size left out). A site turns dynamic when the last epoch in which it was seen had
+  // other sizes there and not this one, and stays dynamic; an epoch ends at each host read
+  // or synchronize, so sizes that alternate within a step (layers of different widths) never
+  // count, and a sequence length that grows step by step, or a batch that differs from the
+  // last step's, does from its second value. Off: TORCH_TPU_DYNAMIC=0.
+  bool size_changed(const std::string& site, int64_t size);
+  // st is read or written by a graph not yet run: its device's current graph or a capture
+  bool pending(const StoragePtr& st) const {
+    auto g = graphs_.find(st->device);
+    if (g != graphs_.end() && g->second && g->second->index_.count(st.get())) return true;
+    for (const auto& [key, c] : captures_)
+      if (c && (c->index_.count(st.get()) || c->external_.count(st.get()))) return true;
+    return false;
+  }
+  void end_epoch() { ++epoch_; }
+  bool dynamism() const { return dynamism_; }
+  // compiled programs with dynamic dims, by their bounds ("16", "16,64")
+  std::map<std::string, int64_t> programs_per_bucket() const { return programs_per_bucket_; }
+  void reset_programs_per_bucket() { programs_per_bucket_.clear(); }
+  void set_dynamism(bool on) { dynamism_ = on; }
+
   // Where the engine's warnings go (the PyTorch layer makes them Python warnings).
   void set_warn(std::function<void(const std::string&)> f) { warn_ = std::move(f); }
   // One op sequence compiling this many different programs gets a warning.
@@ -313,7 +390,9 @@ class Engine {
   void set_site_source(std::function<std::string()> f) { site_source_ = std::move(f); }
 
   // Adds "to = from" (converted to to's type, reshaped or broadcast) to g as op `name`.
-  void copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site = "");
+  // promote: a whole fresh `to` (clone, contiguous) of a view with dynamic dims becomes dynamic too.
+  void copy_view(Graph& g, const View& from, const View& to, const std::string& name, const std::string& site = "",
+                 bool promote = false);
   // Host transfers of a view's elements, as a dense row-major block.
   void read(const View& v, void* dst);
   void write(const View& v, const void* src);
@@ -380,10 +459,27 @@ class Engine {
   // Program text of g returning `values`, compiled (or from the caches) into p.
   void finish(Graph& g, Program& p, const std::vector<Value>& values);
   void leave_trace(Graph& g);
+  static void set_param_bytes(const Graph& g, Program& p);
   void record_trace(Graph& g, const std::vector<int>& outs, const Program& p);
   std::unordered_map<std::string, std::vector<std::shared_ptr<const Trace>>> traces_;  // by first key
   size_t trace_count_ = 0;
   bool trace_on_ = true, trace_verify_ = false;
+  std::vector<int64_t> steps_ = {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  double growth_ = 1.25;
+  int64_t align_ = 128;
+  bool dynamism_ = true;
+  int64_t epoch_ = 0;
+  struct SiteSizes {
+    int64_t epoch = -1;
+    std::vector<int64_t> cur, prev;
+    bool dynamic = false;  // it changed once: dynamic from then on (as Dynamo's automatic dynamic)
+  };
+  std::unordered_map<std::string, SiteSizes> sites_;
+  std::map<std::string, int64_t> programs_per_bucket_;
+  // sizes made dynamic lately (-> bound, epoch): a split of a dynamic dim ([L*B] viewed as
+  // [L, B]) is dynamic in the factor that is one of them
+  std::unordered_map<int64_t, std::pair<int64_t, int64_t>> live_;
+  int64_t live_bound(int64_t size) const;
   rt::ExecutablePtr disk_load(const std::string& text);
   void relieve_map_pressure();
   int loads_since_map_check_ = 0;

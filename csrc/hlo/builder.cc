@@ -67,8 +67,16 @@ std::string i64_array(const std::vector<int64_t>& v) {
 
 std::string Type::str() const {
   std::string s = "tensor<";
-  for (int64_t d : shape) s += std::to_string(d) + "x";
-  return s + mlir_name(dtype) + ">";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (printed_dynamic >> i & 1 ? std::string("?") : std::to_string(shape[i])) + "x";
+  s += mlir_name(dtype);
+  if (printed_dynamic) {
+    s += ", #stablehlo.bounds<";
+    for (size_t i = 0; i < shape.size(); ++i)
+      s += (i ? ", " : "") + (printed_dynamic >> i & 1 ? std::to_string(shape[i]) : std::string("?"));
+    s += ">";
+  }
+  return s + ">";
 }
 
 namespace {
@@ -196,6 +204,20 @@ std::vector<Value> Builder::call(const std::string& symbol, const std::vector<Va
 }
 
 std::vector<Value> Builder::emit_multi(const std::string& op, const std::vector<Value>& operands,
+                                       const std::vector<Type>& results, const std::string& attrs,
+                                       const std::string& region) {
+  std::vector<Value> out;
+  bool dyn = false;  // a result of an op on a dynamic value may be dynamic (see Type::dynamic)
+  for (const Value& v : operands) dyn |= v.type.dynamic;
+  if (dyn) {
+    std::vector<Type> ts = results;
+    for (auto& t : ts) t.dynamic = true;
+    return emit_typed(op, operands, ts, attrs, region);
+  }
+  return emit_typed(op, operands, results, attrs, region);
+}
+
+std::vector<Value> Builder::emit_typed(const std::string& op, const std::vector<Value>& operands,
                                        const std::vector<Type>& results, const std::string& attrs,
                                        const std::string& region) {
   std::vector<Value> out;
@@ -729,6 +751,15 @@ Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>
   return emit_multi("scatter", {x, convert(idx, DType::S64), upd}, {x.type}, attrs, reg)[0];
 }
 
+Value Builder::scatter_nd(Value x, Value idx, Value upd) {
+  if (x.rank() != 1 || idx.rank() != upd.rank() + 1) throw BuildError("scatter_nd: a 1-D operand and one index per update");
+  std::string reg = region("", x.dtype(), 1);
+  std::string attrs = "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
+                      "scatter_dims_to_operand_dims = [0], index_vector_dim = " + std::to_string(upd.rank()) +
+                      ">, indices_are_sorted = false, unique_indices = false";
+  return emit_multi("scatter", {x, convert(idx, DType::S64), upd}, {x.type}, attrs, reg)[0];
+}
+
 Value Builder::sort_dim(Value x, int64_t dim, bool descending, Value* indices) {
   check_dim("sort", dim, x.rank());
   Value idx = iota(DType::S64, x.shape(), dim);
@@ -745,6 +776,40 @@ Value Builder::sort_dim(Value x, int64_t dim, bool descending, Value* indices) {
                          "dimension = " + std::to_string(dim) + " : i64, is_stable = true", r);
   if (indices) *indices = outs[1];
   return outs[0];
+}
+
+// ---------------------------------------------------------------- bounded dynamic sizes
+Value Builder::set_dimension_size(Value x, Value size, int64_t dim) {
+  check_dim("set_dimension_size", dim, x.rank());
+  Type t = x.type;
+  t.dynamic = true;
+  return emit_typed("set_dimension_size", {x, convert(size, DType::S32)}, {t},
+                    "dimension = " + std::to_string(dim) + " : i64")[0];
+}
+
+Value Builder::dim_size(Value x, int64_t dim, DType t) {
+  check_dim("get_dimension_size", dim, x.rank());
+  if (!x.type.dynamic) return constant_int(x.shape()[dim], t);
+  // x retyped with dim `dim` bounded-dynamic: on its static type the size would fold to the bound
+  Type bounded = x.type;
+  bounded.printed_dynamic = uint64_t{1} << dim;
+  Value q = emit_typed("convert", {x}, {bounded})[0];
+  Value s = emit_typed("get_dimension_size", {q}, {Type{DType::S32, {}}}, "dimension = " + std::to_string(dim) + " : i64")[0];
+  return convert(s, t);
+}
+
+Value Builder::count(Value x, const std::vector<int64_t>& dims, DType t) {
+  if (!x.type.dynamic) {
+    double n = 1;
+    for (int64_t d : dims) {
+      check_dim("count", d, x.rank());
+      n *= static_cast<double>(x.shape()[d]);
+    }
+    return is_float(t) ? constant(n, t) : constant_int(static_cast<int64_t>(n), t);
+  }
+  Value n = constant_int(1, DType::S64);
+  for (int64_t d : dims) n = mul(n, dim_size(x, d, DType::S64));
+  return convert(n, t);
 }
 
 // ---------------------------------------------------------------- control flow

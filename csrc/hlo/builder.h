@@ -31,6 +31,15 @@ int64_t numel(const Shape& s);
 struct Type {
   DType dtype = DType::F32;
   Shape shape;
+  // Bounded dynamism: the value may have dims whose run-time size is below `shape`
+  // (set by set_dimension_size, carried to every op that uses such a value). XLA's
+  // dynamic padder tracks the sizes itself, so types print as static; the flag only
+  // tells rules and the engine where a size must be read at run time (dim_size, count)
+  // and where a store must mask the padding. Not part of equality.
+  bool dynamic = false;
+  // Dims printed as bounded-dynamic (`tensor<2x?xf32, #stablehlo.bounds<?, 3>>`); only the
+  // value dim_size reads a run-time size from has them (a static type folds to its size).
+  uint64_t printed_dynamic = 0;
   std::string str() const;  // tensor<2x3xf32>
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   bool operator==(const Type& o) const { return dtype == o.dtype && shape == o.shape; }
@@ -196,7 +205,19 @@ class Builder {
   // Scatter of `updates` into x at positions idx (shape [N, K]) over dims `dims`
   // of x; updates has shape [N] + remaining (window) dims of x. body "add" or "" (replace).
   Value scatter(Value x, Value idx, Value updates, const std::vector<int64_t>& dims, const std::string& body);
+  // x[idx[i...]] = updates[i...] for a 1-D x: idx has updates' shape plus a trailing 1;
+  // positions out of range are skipped. updates keeps its shape (a dynamic one masks its padding).
+  Value scatter_nd(Value x, Value idx, Value updates);
   Value sort_dim(Value x, int64_t dim, bool descending, Value* indices);
+
+  // ---- bounded dynamic sizes (see Type::dynamic)
+  // x with dim `dim` holding `size` (an s32 scalar) elements at run time; XLA masks
+  // what the padding past it would change in every op that uses the result.
+  Value set_dimension_size(Value x, Value size, int64_t dim);
+  // The run-time size of dim `dim` of x as a scalar of type t (a constant for a static value).
+  Value dim_size(Value x, int64_t dim, DType t = DType::S32);
+  // The number of elements of x over `dims` at run time, as a scalar of type t.
+  Value count(Value x, const std::vector<int64_t>& dims, DType t);
 
   // ---- control flow
   // stablehlo.while over the loop-carried values `init`: `cond(vals)` returns
@@ -206,6 +227,10 @@ class Builder {
 
  private:
   std::string name(Value v) const { return "%" + std::to_string(v.id); }
+  // emit_multi with the result types as given (no dynamic flag carried from operands)
+  std::vector<Value> emit_typed(const std::string& op, const std::vector<Value>& operands,
+                                const std::vector<Type>& results, const std::string& attrs = "",
+                                const std::string& region = "");
   std::string region(const std::string& body, DType t, int n) ;
   Value fresh(const Type& t) { return Value{next_++, t}; }
   bool dry_ = false;

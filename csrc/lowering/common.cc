@@ -1,6 +1,8 @@
 // Registry, Ctx accessors and helpers shared by the op families.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -8,6 +10,9 @@
 #include "lowering/lowering.h"
 
 namespace tt::lower {
+
+// Rules checked on bucketed values (see bucketed_rule), listed in dynamic_rules.cc
+const std::unordered_set<std::string>& bucketed_rules();
 
 namespace {
 std::unordered_map<std::string, Rule>& registry() {
@@ -36,6 +41,34 @@ void mark_casting(F register_family) {
 void add_rule(const std::string& name, Rule r) { registry()[name] = std::move(r); }
 
 bool casts_to_output(const std::string& name) { return casting().count(name) > 0; }
+
+namespace {
+std::atomic<int>& bucket_override() {  // 0: the list, 1: every rule, 2: only `only_rules`
+  static std::atomic<int> mode{[] {
+    const char* e = std::getenv("TORCH_TPU_BUCKET_ALL_RULES");
+    return e && *e && *e != '0' ? 1 : 0;
+  }()};
+  return mode;
+}
+std::unordered_set<std::string>& only_rules() {
+  static std::unordered_set<std::string> s;
+  return s;
+}
+}  // namespace
+
+bool bucketed_rule(const std::string& name) { return bucketed_rules().count(name) > 0; }
+int bucket_rules_override() { return bucket_override().load(std::memory_order_relaxed); }
+bool bucket_rule_allowed(const std::string& name, bool listed) {
+  switch (bucket_rules_override()) {
+    case 1: return true;
+    case 2: return only_rules().count(name) > 0;
+    default: return listed;
+  }
+}
+void set_bucket_rules_override(int mode, const std::vector<std::string>& only) {
+  only_rules() = std::unordered_set<std::string>(only.begin(), only.end());
+  bucket_override() = mode;
+}
 
 const Rule* find_rule(const std::string& name) {
   auto& r = registry();
@@ -240,6 +273,21 @@ Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool
   return b.select(nan, b.constant(NAN, x.dtype(), r.shape()), r);
 }
 
+Value elements(Builder& b, Value x, const std::vector<int64_t>& dims, DType t, const Shape& shape) {
+  if (!x.type.dynamic) {
+    double n = 1;
+    for (int64_t d : dims) n *= static_cast<double>(x.shape().at(d));
+    return b.constant(n, t, shape);
+  }
+  return b.broadcast_in_dim(b.count(x, dims, t), shape, {});
+}
+
+std::vector<int64_t> all_dims(int64_t rank) {
+  std::vector<int64_t> d(rank);
+  for (int64_t i = 0; i < rank; ++i) d[i] = i;
+  return d;
+}
+
 Value keep_dims(Builder& b, Value r, const Shape& full, const std::vector<int64_t>& dims) {
   Shape s = full;
   for (int64_t d : dims) s[d] = 1;
@@ -366,17 +414,39 @@ Value normal01(Ctx& c, const Shape& s) {
   return b.reshape(b.slice(z, {0}, {n}, {1}), s);
 }
 
-void check_range(Ctx& c, Value idx, int64_t lo, int64_t hi, bool index_error, const std::string& message) {
+Extent::Extent(Builder& b, Value x, int64_t dim) : n(x.shape().at(dim)) {
+  if (x.type.dynamic) v = b.dim_size(x, dim, DType::S64);
+}
+
+Extent Extent::negated(Builder& b) const {
+  Extent e(-n);
+  if (v.valid()) e.v = b.neg(v);
+  return e;
+}
+
+Value Extent::as(Builder& b, const Shape& shape) const {
+  return v.valid() ? b.broadcast_in_dim(v, shape, {}) : b.constant_int(n, DType::S64, shape);
+}
+
+std::string index_oob(int64_t dim, const Extent& size) {
+  return size.dynamic() ? "index {lo32} is out of bounds for dimension " + std::to_string(dim) + " with size {hi32}"
+                        : "index {} is out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size.n);
+}
+
+void check_range(Ctx& c, Value idx, Extent lo, Extent hi, bool index_error, const std::string& message) {
   int64_t n = hlo::numel(idx.shape());
   if (n == 0) return;
   Builder& b = c.b;
   Value i = b.reshape(b.convert(idx, DType::S64), {n});
   // bad = i < lo or i >= hi; value = the largest offending index (else the smallest)
-  Value bad = b.binary("or", b.compare(i, b.constant_int(lo, DType::S64, {n}), hlo::Cmp::LT),
-                       b.compare(i, b.constant_int(hi, DType::S64, {n}), hlo::Cmp::GE));
+  Value bad = b.binary("or", b.compare(i, lo.as(b, {n}), hlo::Cmp::LT), b.compare(i, hi.as(b, {n}), hlo::Cmp::GE));
   Value any = b.reduce(bad, b.constant_int(0, DType::Pred), {0}, "or");
   Value low = b.lowest(DType::S64);
   Value worst = b.reduce(b.select(bad, i, b.broadcast_to(low, {n})), low, {0}, "maximum");
+  if (hi.dynamic()) {  // the offending value in the low 32 bits, the run-time size in the high ones
+    Value mask = b.constant_int(0xffffffffLL, DType::S64);
+    worst = b.binary("or", b.binary("and", worst, mask), b.binary("shift_left", hi.v, b.constant_int(32, DType::S64)));
+  }
   c.env.check(any, worst, index_error, message);
 }
 

@@ -14,17 +14,15 @@ namespace {
 using V = std::vector<Value>;
 
 // idx + size where idx < 0
-Value wrap_index(Builder& b, Value idx, int64_t size) {
+Value wrap_index(Builder& b, Value idx, const Extent& size) {
   idx = b.convert(idx, DType::S64);
   Value zero = b.zeros(DType::S64, idx.shape());
-  Value n = b.constant_int(size, DType::S64, idx.shape());
+  Value n = size.as(b, idx.shape());
   return b.select(b.compare(idx, zero, hlo::Cmp::LT), b.add(idx, n), idx);
 }
 
 // CPU's message for an index out of range along a dimension ("{}": the index)
-std::string oob(int64_t dim, int64_t size) {
-  return "index {} is out of bounds for dimension " + std::to_string(dim) + " with size " + std::to_string(size);
-}
+std::string oob(int64_t dim, const Extent& size) { return index_oob(dim, size); }
 const char* kOutOfRange = "index out of range in self";
 
 // A 0-dim x (and its 0-dim source) as 1-element vectors; true when lifted
@@ -58,8 +56,9 @@ V scatter_along(Ctx& c, bool add, bool src_is_tensor) {
     x = b.reshape(x, {1});
     idx = b.reshape(idx, {1});
   }
-  check_range(c, idx, 0, x.shape()[dim], false, oob(dim, x.shape()[dim]));
-  idx = wrap_index(b, idx, x.shape()[dim]);
+  Extent size(b, x, dim);
+  check_range(c, idx, 0, size, false, oob(dim, size));
+  idx = wrap_index(b, idx, size);
   int64_t n = hlo::numel(idx.shape());
   Value upd;
   if (src_is_tensor) {
@@ -112,8 +111,8 @@ Advanced advanced(Ctx& c, Value x, const std::vector<Value>& indices) {
   int64_t n = hlo::numel(a.bshape);
   std::vector<Value> comps;
   for (size_t i = 0; i < idx.size(); ++i) {
-    int64_t size = x.shape()[a.dims[i]];
-    check_range(c, idx[i], -size, size, true, oob(static_cast<int64_t>(i), size));  // CPU numbers the index tensors
+    Extent size(b, x, a.dims[i]);
+    check_range(c, idx[i], size.negated(b), size, true, oob(static_cast<int64_t>(i), size));  // CPU numbers the index tensors
     Value w = wrap_index(b, b.broadcast_to(idx[i], a.bshape), size);
     comps.push_back(b.reshape(w, {n, 1}));
   }
@@ -168,7 +167,7 @@ void index_layout(const Value& x, const Advanced& a, Shape* out, std::vector<int
 V reduce_into(Ctx& c, Value x, int64_t dim, Value idx, Value src, const std::string& red, bool include_self) {
   Builder& b = c.b;
   DType t = x.dtype();
-  idx = wrap_index(b, idx, x.shape()[dim]);
+  idx = wrap_index(b, idx, Extent(b, x, dim));
   int64_t n = hlo::numel(idx.shape());
   std::vector<int64_t> all;
   for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
@@ -208,14 +207,15 @@ V scatter_reduce(Ctx& c) {
   Value idx = c.in(2);
   if (hlo::numel(idx.shape()) == 0) return {x};
   Value src = b.slice(b.convert(c.in(3), x.dtype()), Shape(idx.rank(), 0), idx.shape(), Shape(idx.rank(), 1));
-  check_range(c, idx, 0, x.shape()[dim], false, oob(dim, x.shape()[dim]));
+  Extent size(b, x, dim);
+  check_range(c, idx, 0, size, false, oob(dim, size));
   return reduce_into(c, x, dim, idx, src, c.str(4), c.flag_or(5, true));
 }
 
 // index_fill / index_copy: x with the slices at idx along dim replaced by src
 // (src already shaped like those slices: x.shape with dim -> len(idx))
 Value put_slices(Builder& b, Value x, int64_t dim, Value idx, Value src) {
-  idx = wrap_index(b, b.reshape(idx, {hlo::numel(idx.shape())}), x.shape()[dim]);
+  idx = wrap_index(b, b.reshape(idx, {hlo::numel(idx.shape())}), Extent(b, x, dim));
   Value full = b.broadcast_in_dim(idx, src.shape(), {dim});
   std::vector<int64_t> all;
   for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
@@ -233,7 +233,8 @@ V replace_slices(Ctx& c, int64_t lo, const std::string& prefix, const std::funct
   bool scalar0 = x.rank() == 0;
   if (scalar0) x = b.reshape(x, {1});
   int64_t dim = wrap_dim(c.int_(1), x.rank());
-  check_range(c, idx, lo * x.shape()[dim], x.shape()[dim], true, prefix + oob(dim, x.shape()[dim]));
+  Extent size(b, x, dim);
+  check_range(c, idx, lo == 0 ? Extent(0) : size.negated(b), size, true, prefix + oob(dim, size));
   Shape s = x.shape();
   s[dim] = hlo::numel(idx.shape());
   Value out = put_slices(b, x, dim, idx, slices(x.dtype(), s));
@@ -364,8 +365,9 @@ void register_indexing() {
     Value x = c.in(0);
     if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
-    check_range(c, c.in(2), 0, x.shape()[dim], true, kOutOfRange);
-    Value idx = wrap_index(c.b, c.in(2), x.shape()[dim]);
+    Extent size(c.b, x, dim);
+    check_range(c, c.in(2), 0, size, true, kOutOfRange);
+    Value idx = wrap_index(c.b, c.in(2), size);
     return {c.b.reshape(c.b.take(x, idx, dim), c.oshape())};
   });
   // gather(x, dim, idx): out[i...] = x[..., idx[i...], ...]
@@ -373,8 +375,9 @@ void register_indexing() {
     Value x = c.in(0);
     if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
-    check_range(c, c.in(2), 0, x.shape()[dim], false, oob(dim, x.shape()[dim]));
-    Value idx = wrap_index(c.b, c.in(2), x.shape()[dim]);
+    Extent size(c.b, x, dim);
+    check_range(c, c.in(2), 0, size, false, oob(dim, size));
+    Value idx = wrap_index(c.b, c.in(2), size);
     return {c.b.take_along(x, idx, dim)};
   });
   add_rule("aten::scatter.src", [](Ctx& c) { return scatter_along(c, false, true); });
@@ -432,8 +435,9 @@ void register_indexing() {
     Value src = b.convert(c.in(3), x.dtype());
     bool scalar0 = lift_0d(b, x, src);
     int64_t dim = wrap_dim(c.int_(1), x.rank());
-    check_range(c, c.in(2), 0, x.shape()[dim], true, kOutOfRange);
-    Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), x.shape()[dim]);
+    Extent size(b, x, dim);
+    check_range(c, c.in(2), 0, size, true, kOutOfRange);
+    Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), size);
     if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
     std::vector<int64_t> perm{dim};
     for (int64_t d = 0; d < x.rank(); ++d)
@@ -452,7 +456,7 @@ void register_indexing() {
     Value src = b.convert(c.in(3), x.dtype());
     bool scalar0 = lift_0d(b, x, src);
     int64_t dim = wrap_dim(c.int_(1), x.rank());
-    check_range(c, idx, 0, x.shape()[dim], true, kOutOfRange);
+    check_range(c, idx, 0, Extent(b, x, dim), true, kOutOfRange);
     Value full = b.broadcast_in_dim(b.reshape(idx, {hlo::numel(idx.shape())}), src.shape(), {dim});
     Value out = reduce_into(c, x, dim, full, src, c.str(4), c.flag_or(5, true))[0];
     return {scalar0 ? b.reshape(out, {}) : out};

@@ -192,6 +192,16 @@ std::vector<std::string> rule_names();
 // the result type of their inputs, and an in-place or out= variant whose target has
 // another dtype computes that type and is cast into the target, as on CPU.
 bool casts_to_output(const std::string& schema_name);
+// Ops (ATen names) whose rules are correct on bucketed values (bounded dynamism, DESIGN.md "Shapes"): built
+// at a dim's bound with its run-time size set, their results agree with the exact-shape
+// program in every real element (checked by tests/ops/opinfo_parity.py --dynamic).
+bool bucketed_rule(const std::string& schema_name);
+// Testing rules on bucketed values: mode 1 treats every rule as bucketed
+// (TORCH_TPU_BUCKET_ALL_RULES=1), mode 2 only the rules in `only` (to find the rule behind a
+// mismatch), mode 0 the list above. bucket_rule_allowed(name, listed): the decision for a rule.
+int bucket_rules_override();
+bool bucket_rule_allowed(const std::string& schema_name, bool listed);
+void set_bucket_rules_override(int mode, const std::vector<std::string>& only = {});
 
 // ---- shared helpers (defined in common.cc)
 // d wrapped into [0, rank) (a 0-dim tensor takes -1 and 0); IndexError with
@@ -212,9 +222,27 @@ Value contract(Ctx& c, Value a, Value b, const ContractFn& op, DType out);
 // Sum of x over dims in the accumulation type, converted back to x's type when keep_type.
 Value sum(Builder& b, Value x, const std::vector<int64_t>& dims);
 Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<int64_t>& dims);
+// The element count of x over dims as a value of type t and shape `shape`: a constant, or for a
+// bucketed x its run-time count (means and losses divide by it, never by the padded size).
+Value elements(Builder& b, Value x, const std::vector<int64_t>& dims, DType t, const Shape& shape = {});
+std::vector<int64_t> all_dims(int64_t rank);  // 0 .. rank-1
+// A dim's size in index arithmetic: a number, or for a bucketed operand its run-time size
+// (an s64 scalar; `n` is then the bound).
+struct Extent {
+  int64_t n = 0;
+  Value v;
+  Extent(int64_t n) : n(n) {}  // NOLINT: a static size
+  Extent(Builder& b, Value x, int64_t dim);
+  bool dynamic() const { return v.valid(); }
+  Extent negated(Builder& b) const;
+  Value as(Builder& b, const Shape& shape) const;  // s64, broadcast to shape
+};
 // Device-side bounds check: every element of idx lies in [lo, hi); otherwise the
-// next host synchronisation raises `message` ("{}": an offending value).
-void check_range(Ctx& c, Value idx, int64_t lo, int64_t hi, bool index_error, const std::string& message);
+// next host synchronisation raises `message` ("{}": an offending value; with a dynamic hi,
+// "{lo32}" the offending value and "{hi32}" the size: index_oob builds such messages).
+void check_range(Ctx& c, Value idx, Extent lo, Extent hi, bool index_error, const std::string& message);
+// CPU's message for an index out of range along dim `dim` of size `size`.
+std::string index_oob(int64_t dim, const Extent& size);
 // max (is_max) or min of x over dims, NaN where the reduced slice holds a NaN (the
 // XLA CPU plugin's max/min reductions skip NaNs; PyTorch's propagate them)
 Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool is_max);

@@ -9,11 +9,6 @@ namespace {
 using V = std::vector<Value>;
 using hlo::Cmp;
 
-std::vector<int64_t> all_dims(int64_t r) {
-  std::vector<int64_t> v(r);
-  for (int64_t i = 0; i < r; ++i) v[i] = i;
-  return v;
-}
 // reduce x over `dims` and broadcast the result back to x's shape
 Value reduce_bcast(Builder& b, Value x, const std::vector<int64_t>& dims, const std::string& op, Value init) {
   Value r = b.reduce(x, init, dims, op);
@@ -295,13 +290,15 @@ V batch_norm(Ctx& c, const int (&a)[5], bool training, int mom, int eps_arg) {
   Value eps = c.scalar(eps_arg, t);
   Value mean, var;
   if (training) {
-    mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
+    Value n = elements(b, x, d.red, t, d.cshape);  // the batch (and spatial) count at run time when bucketed
+    mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, "add"), n);
     Value xc = b.sub(x, per_channel(b, mean, x.shape()));
-    var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, "add"), b.constant(d.n, t, d.cshape));
+    var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, "add"), n);
     if (has(3) && has(4)) {
       Value m = b.broadcast_to(c.scalar(mom, t), d.cshape);
       Value one_m = b.sub(b.constant(1, t, d.cshape), m);
-      Value unbiased = b.mul(var, b.constant(d.n / std::max(d.n - 1, 1.0), t, d.cshape));
+      Value unbiased = b.mul(var, x.type.dynamic ? b.div(n, b.max(b.sub(n, b.constant(1, t, d.cshape)), b.constant(1, t, d.cshape)))
+                                                 : b.constant(d.n / std::max(d.n - 1, 1.0), t, d.cshape));
       c.write(a[3], b.add(b.mul(one_m, b.convert(c.in(a[3]), t)), b.mul(m, mean)));
       c.write(a[4], b.add(b.mul(one_m, b.convert(c.in(a[4]), t)), b.mul(m, unbiased)));
     }
@@ -511,9 +508,9 @@ void register_nn() {
     Value sgx = b.reduce(b.mul(g, xhat), b.zeros(t, {}), d.red, "add");
     Value dx;
     if (train) {
-      Value nn = b.constant(d.n, t, x.shape());
+      Value nn = elements(b, x, d.red, t, x.shape());
       Value inner = b.sub(b.sub(b.mul(nn, g), per_channel(b, sg, x.shape())), b.mul(xhat, per_channel(b, sgx, x.shape())));
-      Value scale = b.div(b.mul(w, invstd), b.constant(d.n, t, d.cshape));
+      Value scale = b.div(b.mul(w, invstd), elements(b, x, d.red, t, d.cshape));
       dx = b.mul(per_channel(b, scale, x.shape()), inner);
     } else {
       dx = b.mul(g, per_channel(b, b.mul(w, invstd), x.shape()));
@@ -554,12 +551,10 @@ void register_nn() {
     int64_t axis = x.rank() - static_cast<int64_t>(c.ints(1).size());
     std::vector<int64_t> nd;
     for (int64_t i = axis; i < x.rank(); ++i) nd.push_back(i);
-    double n = 1;
-    for (int64_t d : nd) n *= static_cast<double>(x.shape()[d]);
-    Value mean = b.div(b.reduce(x, b.zeros(t, {}), nd, "add"), b.constant(n, t, Shape(x.shape().begin(), x.shape().begin() + axis)));
+    Value mean = b.div(b.reduce(x, b.zeros(t, {}), nd, "add"), elements(b, x, nd, t, Shape(x.shape().begin(), x.shape().begin() + axis)));
     Value mb = norm_dims_bcast(b, mean, x.shape(), axis);
     Value xc = b.sub(x, mb);
-    Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), nd, "add"), b.constant(n, t, mean.shape()));
+    Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), nd, "add"), elements(b, x, nd, t, mean.shape()));
     Value rstd = b.unary("rsqrt", b.add(var, b.broadcast_to(c.scalar(4, t), var.shape())));
     Value y = b.mul(xc, norm_dims_bcast(b, rstd, x.shape(), axis));
     if (c.has(2)) y = b.mul(y, param_bcast(b, c.in(2), x.shape(), axis, t));
@@ -575,13 +570,15 @@ void register_nn() {
     int64_t axis = x.rank() - static_cast<int64_t>(c.ints(2).size());
     std::vector<int64_t> nd, bd;
     for (int64_t i = 0; i < x.rank(); ++i) (i >= axis ? nd : bd).push_back(i);
-    double n = 1;
-    for (int64_t d : nd) n *= static_cast<double>(x.shape()[d]);
     Value mean = norm_dims_bcast(b, b.convert(c.in(3), t), x.shape(), axis);
     Value rstd = norm_dims_bcast(b, b.convert(c.in(4), t), x.shape(), axis);
     Value xhat = b.mul(b.sub(x, mean), rstd);
     Value gw = c.has(5) ? b.mul(g, param_bcast(b, c.in(5), x.shape(), axis, t)) : g;
-    Value inv_n = b.constant(1.0 / n, t, x.shape());
+    Value inv_n = x.type.dynamic ? b.div(b.constant(1, t, x.shape()), elements(b, x, nd, t, x.shape())) : [&] {
+      double n = 1;
+      for (int64_t d : nd) n *= static_cast<double>(x.shape()[d]);
+      return b.constant(1.0 / n, t, x.shape());
+    }();
     Value m1 = b.mul(reduce_bcast(b, gw, nd, "add", b.zeros(t, {})), inv_n);
     Value m2 = b.mul(reduce_bcast(b, b.mul(gw, xhat), nd, "add", b.zeros(t, {})), inv_n);
     Value dx = b.mul(rstd, b.sub(b.sub(gw, m1), b.mul(xhat, m2)));
@@ -630,7 +627,7 @@ void register_nn() {
     int64_t red = c.int_or(2, 1);
     if (red == 0) return {sq};
     Value s = b.reduce(sq, b.zeros(t, {}), all_dims(sq.rank()), "add");
-    if (red == 1) s = b.div(s, b.constant(static_cast<double>(hlo::numel(sq.shape())), t));
+    if (red == 1) s = b.div(s, elements(b, sq, all_dims(sq.rank()), t));
     return {s};
   });
   add_rule("aten::mse_loss_backward", [](Ctx& c) -> V {
@@ -639,7 +636,7 @@ void register_nn() {
     Value x = b.convert(c.in(1), t), y = b.convert(c.in(2), t);
     Value g = b.broadcast_to(b.convert(c.in(0), t), x.shape());
     Value d = b.mul(b.mul(b.constant(2, t, x.shape()), b.sub(x, y)), g);
-    if (c.int_or(3, 1) == 1) d = b.div(d, b.constant(static_cast<double>(hlo::numel(x.shape())), t, x.shape()));
+    if (c.int_or(3, 1) == 1) d = b.div(d, elements(b, x, all_dims(x.rank()), t, x.shape()));
     return {d};
   });
 
@@ -648,11 +645,11 @@ void register_nn() {
   auto reduce_loss = [](Builder& b, Value l, int64_t red) {
     if (red == 0) return l;
     Value s = b.reduce(l, b.zeros(l.dtype(), {}), all_dims(l.rank()), "add");
-    return red == 1 ? b.div(s, b.constant(static_cast<double>(hlo::numel(l.shape())), l.dtype())) : s;
+    return red == 1 ? b.div(s, elements(b, l, all_dims(l.rank()), l.dtype())) : s;
   };
   auto grad_scale = [](Builder& b, Value d, Value g, int64_t red) {  // g broadcast, / N for mean
     Value r = b.mul(d, b.broadcast_to(g, d.shape()));
-    if (red == 1) r = b.div(r, b.constant(static_cast<double>(hlo::numel(d.shape())), d.dtype(), d.shape()));
+    if (red == 1) r = b.div(r, elements(b, d, all_dims(d.rank()), d.dtype(), d.shape()));
     return r;
   };
   for (bool huber : {false, true}) {

@@ -29,7 +29,7 @@ Rule sum_like(size_t dim_arg, bool mean) {
     Value x = acc_input(c, 0, c.odt());
     auto dims = reduce_dims(c, dim_arg, x.rank());
     Value r = c.b.reduce(x, c.b.zeros(x.dtype(), {}), dims, "add");
-    if (mean) r = c.b.div(r, c.b.constant(static_cast<double>(count(x.shape(), dims)), r.dtype(), r.shape()));
+    if (mean) r = c.b.div(r, elements(c.b, x, dims, r.dtype(), r.shape()));
     return {r};
   };
 }
@@ -103,7 +103,7 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
   double n = static_cast<double>(count(x.shape(), dims));
   double corr = c.num_or(corr_arg, 1.0);
   Value s = b.reduce(x, b.zeros(x.dtype(), {}), dims, "add");
-  Value mean = b.div(s, b.constant(n, x.dtype(), s.shape()));
+  Value mean = b.div(s, elements(b, x, dims, x.dtype(), s.shape()));
   Value centered = b.sub(x, b.broadcast_in_dim(keep_dims(b, mean, x.shape(), dims), x.shape(),
                                                [&] {
                                                  std::vector<int64_t> all;
@@ -113,7 +113,11 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
   auto square = [&](Value v) { return b.mul(v, v); };  // |x - mean|^2: real for complex x
   Value sq = hlo::is_complex(x.dtype()) ? b.add(square(b.real(centered)), square(b.imag(centered))) : square(centered);
   Value ss = b.reduce(sq, b.zeros(sq.dtype(), {}), dims, "add");
-  Value var = b.div(ss, b.constant(std::max(n - corr, 0.0), sq.dtype(), ss.shape()));
+  Value dof = x.type.dynamic  // max(N - correction, 0), N at run time for a bucketed x
+                  ? b.max(b.sub(elements(b, x, dims, sq.dtype(), ss.shape()), b.constant(corr, sq.dtype(), ss.shape())),
+                          b.zeros(sq.dtype(), ss.shape()))
+                  : b.constant(std::max(n - corr, 0.0), sq.dtype(), ss.shape());
+  Value var = b.div(ss, dof);
   return {var, mean};
 }
 

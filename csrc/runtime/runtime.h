@@ -48,6 +48,7 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   PJRT_Buffer* get() const { return b_; }
+  int64_t bytes() const { return bytes_; }
   // Copies the whole (dense, row-major) buffer to `dst`; blocks until done.
   void to_host(void* dst, size_t nbytes) const;
   // Bytes held by live buffers of this process (device memory actually in use) and its peak.

@@ -132,3 +132,42 @@ TEST(Builder, RollbackRestartsValueNumbers) {
   replay.materialize(rec.body_text());
   EXPECT_EQ(rec.module({r1}), replay.module({r2}));
 }
+
+// Bounded dynamism: set_dimension_size marks a value dynamic, every op on it carries the
+// mark, a size read through a bounded-typed copy (a static type would fold to the bound).
+TEST(Builder, DynamicDimsPropagateAndSizesAreReadAtRunTime) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {4, 8}});
+  Value n = b.param(Type{DType::S32, {}});
+  EXPECT_FALSE(x.type.dynamic);
+  Value d = b.set_dimension_size(x, n, 1);
+  EXPECT_TRUE(d.type.dynamic);
+  EXPECT_EQ(d.type, x.type);  // the flag is not part of the type
+  Value e = b.unary("exponential", d);
+  Value s = b.reduce(e, b.zeros(DType::F32, {}), {1}, "add");
+  EXPECT_TRUE(e.type.dynamic && s.type.dynamic);
+  EXPECT_FALSE(b.add(x, x).type.dynamic);
+  Value cnt = b.count(e, {1}, DType::F32);
+  std::string text = b.module({b.div(s, b.broadcast_in_dim(cnt, s.shape(), {}))});
+  EXPECT_NE(text.find("\"stablehlo.set_dimension_size\"(%v0, %v1) {dimension = 1 : i64}"), std::string::npos) << text;
+  EXPECT_NE(text.find("tensor<4x?xf32, #stablehlo.bounds<?, 8>>"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"stablehlo.get_dimension_size\""), std::string::npos) << text;
+  // a static value's size is a constant
+  Builder c;
+  Value y = c.param(Type{DType::F32, {4, 8}});
+  std::string t2 = c.module({c.count(y, {0, 1}, DType::S64)});
+  EXPECT_EQ(t2.find("get_dimension_size"), std::string::npos) << t2;
+  EXPECT_NE(t2.find("dense<32> : tensor<i64>"), std::string::npos) << t2;
+}
+
+TEST(Builder, ScatterNdKeepsTheUpdatesShape) {
+  Builder b;
+  Value flat = b.param(Type{DType::F32, {16}});
+  Value upd = b.param(Type{DType::F32, {2, 3}});
+  Value idx = b.param(Type{DType::S64, {2, 3, 1}});
+  Value r = b.scatter_nd(flat, idx, upd);
+  EXPECT_EQ(r.shape(), (Shape{16}));
+  std::string text = b.module({r});
+  EXPECT_NE(text.find("index_vector_dim = 2"), std::string::npos) << text;
+  EXPECT_THROW(b.scatter_nd(upd, idx, upd), BuildError);
+}

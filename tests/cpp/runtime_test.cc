@@ -111,3 +111,43 @@ TEST(Engine, StridedLoadsAndStores) {
   EXPECT_FLOAT_EQ(s[2], 4);
   EXPECT_FLOAT_EQ(s[5], 10 * 0 + 0);  // x[10] zeroed
 }
+
+// Bounded dynamism in the engine: a dynamic storage holds its bucket, views read through
+// run-time geometry, and one program serves two sizes of the bucket.
+TEST(Engine, DynamicStorageServesItsBucket) {
+  client();
+  using namespace tt::engine;
+  auto& e = Engine::get();
+  e.set_mode(Mode::Strict);
+  int64_t compiled = 0;
+  for (int64_t n : {5, 7}) {  // both in bucket 8
+    auto st = std::make_shared<Storage>(3 * n * 4, 0);
+    st->dtype = hlo::DType::F32;
+    st->typed = true;
+    e.make_dynamic(st, {3, n}, {n, 1}, {0, 8});
+    EXPECT_EQ(st->elements(), 24);
+    std::vector<float> host(3 * n);
+    for (int64_t i = 0; i < 3 * n; ++i) host[i] = static_cast<float>(i);
+    e.write(View{st, 0, {3, n}, {n, 1}, hlo::DType::F32}, host.data());
+    View v = e.dynamic_view(View{st, 0, {3, n}, {n, 1}, hlo::DType::F32});
+    EXPECT_TRUE(v.runtime);
+    EXPECT_EQ(v.bound, (Shape{0, 8}));
+    // out[i] = sum_j x[i, j] over the real n columns, into a 3-element storage
+    auto out = std::make_shared<Storage>(3 * 4, 0);
+    auto& g = e.graph(0);
+    int64_t before = e.metrics.compiles.load();
+    Value x = g.load(v);
+    g.store(View{out, 0, {3}, {1}, hlo::DType::F32}, g.b.reduce(x, g.b.zeros(hlo::DType::F32, {}), {1}, "add"));
+    e.op_done(0);
+    std::vector<float> r(3);
+    e.read(View{out, 0, {3}, {1}, hlo::DType::F32}, r.data());
+    for (int64_t i = 0; i < 3; ++i) {
+      float want = 0;
+      for (int64_t j = 0; j < n; ++j) want += static_cast<float>(i * n + j);
+      EXPECT_FLOAT_EQ(r[i], want) << "n=" << n << " row " << i;
+    }
+    if (n == 7) EXPECT_EQ(e.metrics.compiles.load(), before) << "the second size of the bucket compiled";
+    compiled += e.metrics.compiles.load() - before;
+  }
+  EXPECT_LE(compiled, 1);
+}

@@ -22,6 +22,13 @@ Two more sweeps go beyond the happy path:
                empty or 0-d one (--samples 0: every reference input);
   --errors     the entry's error inputs: tpu must raise the exception type CPU
                raises, with a message matching the entry's regex.
+  --dynamic    bounded dynamism: the dims (size >= 2) of every tpu input are made
+               dynamic at a bucket of a ladder that no typical size is a step of (so the
+               padding is exercised; all dims, all but the last, the first only, in turn),
+               every rule is allowed to run at the bounds, and results (and with --grad the
+               input gradients) are compared with CPU. Per ATen op it reports whether
+               it ran bucketed and always matched; --emit-rules prints those rules for
+               csrc/lowering/dynamic_rules.cc.
 """
 import argparse
 import contextlib
@@ -245,7 +252,7 @@ def run_grads(op, samples):
         try:
             r = _grad_sample(op, s)
         except Exception as e:  # noqa: BLE001
-            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:100]}" if str(e) else type(e).__name__
+            msg = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}" if str(e) else type(e).__name__
             # a CPU failure (nothing to compare) raises before the tpu part runs
             if "tpu" in msg or "torch_tpu" in msg:
                 return "fail", "raised " + msg
@@ -360,7 +367,7 @@ def run_entry(op, samples, dtype=torch.float32, inputs="sample"):
                 actual = op(*_to(args, "tpu"), **_to(s.kwargs, "tpu"))
                 actual = _to(actual, "cpu")
         except Exception as e:  # noqa: BLE001
-            return name, "fail", f"raised {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+            return name, "fail", f"raised {type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"
         ran += 1
         fb = torch_tpu.metrics.cpu_fallbacks()
         fell_back |= bool(fb)
@@ -427,7 +434,7 @@ def _raises(fn):
 
 
 def _one_line(e):
-    return f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"
 
 
 def run_errors(op):
@@ -514,6 +521,178 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.i
           "complex128": torch.complex128, "float64": torch.float64}
 
 
+# ---------------------------------------------------------------- bounded dynamism
+# The bucket ladder of the sweep: no typical OpInfo size (1-5, 10, 20, 25, ...) is a step, so every
+# dynamic dim carries padding that a rule must not see.
+DYNAMIC_STEPS = [6, 7, 9, 13, 17, 23, 33, 47, 65, 97, 129, 257, 513, 1025]
+# which dims are dynamic: all of every input, all but the last (a normalized or feature dim),
+# the first only (a batch); "input": the first dim of the sample's first input only (weights stay static)
+DYNAMIC_MARKINGS = ("all", "leading", "first", "input")
+
+
+def _to_dynamic(x, leaves=None, marking="all"):
+    """x on tpu with its dims of size >= 2 (of `marking`) dynamic at their bucket; CPU leaves
+    that require grad become tpu leaves (recorded in `leaves`: cpu id -> tpu tensor)."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach().to("tpu")
+        dims = {"all": range(t.dim()), "leading": range(t.dim() - 1), "first": range(min(t.dim(), 1)),
+                "static": ()}[marking]
+        for d in dims:
+            if t.size(d) >= 2:
+                torch_tpu.mark_dynamic(t, d)
+        if leaves is not None and x.requires_grad:
+            t.requires_grad_()
+            leaves[id(x)] = t
+        return t
+    if isinstance(x, (list, tuple)):
+        return type(x)(_to_dynamic(v, leaves, marking) for v in x)
+    if isinstance(x, dict):
+        return {k: _to_dynamic(v, leaves, marking) for k, v in x.items()}
+    return x
+
+
+def _random_sample(s):
+    """A sample whose result depends on a random draw (dropout_p > 0): CPU and tpu differ."""
+    return any(k in ("dropout_p", "p") and isinstance(v, float) and v > 0 for k, v in s.kwargs.items()) or \
+        any(isinstance(v, float) and v > 0 for k, v in s.kwargs.items() if "dropout" in k)
+
+
+def _dynamic_sample(op, s, marking, grads):
+    """None when the sample matches CPU with its inputs dynamic (`marking`), else the reason; and
+    the ops that ran at a bucket. Raises _CpuRejects when CPU rejects the sample."""
+    args = (s.input,) + tuple(s.args)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = op(*args, **s.kwargs)
+            leaves_cpu = [t for t in _flat([args, list(s.kwargs.values())]) if isinstance(t, torch.Tensor) and t.requires_grad]
+            outs = [o for o in _flat(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
+            ws = [torch.randn(o.shape, generator=torch.Generator().manual_seed(0)) for o in outs]
+            eg = torch.autograd.grad(outs, leaves_cpu, ws, allow_unused=True) if grads and outs and leaves_cpu else None
+    except Exception:  # noqa: BLE001  CPU rejects the sample: nothing to compare
+        raise _CpuRejects() from None
+    torch_tpu.metrics.reset()
+    leaves = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if marking == "input":
+                first = _to_dynamic(args[0], leaves, "first")
+                actual = op(first, *_to_dynamic(args[1:], leaves, "static"), **_to_dynamic(dict(s.kwargs), leaves, "static"))
+            else:
+                actual = op(*_to_dynamic(args, leaves, marking), **_to_dynamic(dict(s.kwargs), leaves, marking))
+            ag = None
+            if eg is not None:
+                outs_t = [o for o in _flat(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
+                ag = torch.autograd.grad(outs_t, [leaves[id(t)] for t in leaves_cpu], [w.to("tpu") for w in ws],
+                                         allow_unused=True)
+                ag = [None if a is None else a.cpu() for a in ag]
+            actual = _to(actual, "cpu")
+    except Exception as e:  # noqa: BLE001
+        return f"[{marking}] raised {type(e).__name__}: {_one_line(e)}", set(torch_tpu.metrics.report()["bucketed_ops"])
+    ops = set(torch_tpu.metrics.report()["bucketed_ops"])
+    err = _compare(actual, expected.detach() if isinstance(expected, torch.Tensor) else expected, 1e-4)
+    if err is None and eg is not None:
+        for e_, a_ in zip(eg, ag):
+            if (e_ is None) != (a_ is None):
+                err = "a gradient is missing on one side"
+            elif e_ is not None:
+                err = _compare(a_, e_, 1e-3)
+                err = err and "gradient " + err
+            if err:
+                break
+    return (f"[{marking}] {err}" if err else None), ops
+
+
+class _CpuRejects(Exception):
+    pass
+
+
+def run_dynamic(op, samples, grads=False):
+    """(entry, result, reason, bucketed ops, guilty ops): result 'pass' when every sample
+    matched CPU and some op ran at a bucket, 'static' when it matched but nothing ran at a
+    bucket, 'fail' (each op that ran at a bucket in the failing sample is tried alone at its
+    bucket: those that fail alone are guilty), 'skip' (nothing to compare)."""
+    name = entry_name(op)
+    if op.name in REASONS:
+        return name, "skip", REASONS[op.name], [], []
+    if torch.float32 not in op.supported_dtypes("cpu"):
+        return name, "skip", "no float32 support", [], []
+    grads = grads and op.supports_autograd and torch.float32 in op.supported_backward_dtypes("cpu")
+    try:
+        sample_list = list(op.sample_inputs("cpu", torch.float32, requires_grad=grads))[:samples]
+    except Exception as e:  # noqa: BLE001
+        return name, "skip", f"sample generation failed: {type(e).__name__}", [], []
+    bucketed, ran = set(), 0
+    for s, marking in ((s, m) for s in sample_list if not _random_sample(s) for m in DYNAMIC_MARKINGS):
+        try:
+            err, ops = _dynamic_sample(op, s, marking, grads)
+        except _CpuRejects:
+            continue
+        if err:
+            guilty = []
+            try:
+                for o in sorted(ops):
+                    torch_tpu._C._set_bucket_rules(2, [o])
+                    if _dynamic_sample(op, s, marking, grads)[0]:
+                        guilty.append(o)
+            finally:
+                torch_tpu._C._set_bucket_rules(1)
+            return name, "fail", err, sorted(bucketed), guilty or sorted(ops)
+        bucketed |= ops
+        ran += 1
+    if ran == 0:
+        return name, "skip", "no sample ran on CPU", [], []
+    return name, ("pass" if bucketed else "static"), "", sorted(bucketed), []
+
+
+def run_all_dynamic(samples=2, only=None, grads=False, on_result=None):
+    results = []
+    torch_tpu._C._set_bucket_rules(1)
+    steps = torch_tpu.dynamic.buckets()
+    torch_tpu.dynamic.set_buckets(DYNAMIC_STEPS)
+    try:
+        with torch.tpu.precision(torch.tpu.Precision.HIGHEST):
+            for name, op in op_entries():
+                if only and op.name not in only and name not in only:
+                    continue
+                r = run_dynamic(op, samples, grads)
+                results.append(r)
+                if on_result:
+                    on_result(r)
+    finally:
+        torch_tpu._C._set_bucket_rules(0)
+        torch_tpu.dynamic.set_buckets(steps)
+    return results
+
+
+def dynamic_rule_verdicts(results):
+    """{aten op: (entries where it ran bucketed and matched, entries where it was a suspect)}"""
+    good, bad = collections.defaultdict(set), collections.defaultdict(set)
+    for name, rr, _, ops, failing in results:
+        for o in ops:
+            good[o].add(name)
+        for o in failing:
+            bad[o].add(name)
+    return {o: (sorted(good[o]), sorted(bad[o])) for o in sorted(set(good) | set(bad))}
+
+
+def main_dynamic(args, only, t0):
+    res = run_all_dynamic(args.samples, only, args.grad, None if args.emit_rules else
+                          (lambda r: print(f"{r[1]:7s} {r[0]} {r[2]} {' '.join(r[4] if r[1] == 'fail' else r[3])}", flush=True)))
+    verdicts = dynamic_rule_verdicts(res)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"entries": res, "ops": verdicts}, f, indent=0)
+    counts = collections.Counter(r[1] for r in res)
+    clean = [o for o, (g, b) in verdicts.items() if g and not b]
+    if args.emit_rules:
+        for o in clean:
+            print(f'      "{o}",')
+    print(dict(counts), f"{len(clean)} ops bucketed and always matching, "
+          f"{sum(1 for g, b in verdicts.values() if b)} suspects", f"{time.time() - t0:.0f}s", file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--samples", type=int, default=2)
@@ -522,6 +701,8 @@ def main():
     ap.add_argument("--grad", action="store_true", help="also compare input gradients (float32)")
     ap.add_argument("--reference", action="store_true", help="extremal reference inputs instead of sample inputs")
     ap.add_argument("--errors", action="store_true", help="the entries' error inputs (type and message vs CPU)")
+    ap.add_argument("--dynamic", action="store_true", help="bounded dynamism: inputs bucketed, vs CPU")
+    ap.add_argument("--emit-rules", action="store_true", help="with --dynamic: print the rules that always matched")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -529,6 +710,8 @@ def main():
     only = set(args.ops.split(",")) if args.ops else None
     if args.errors:
         return main_errors(args, only, t0)
+    if args.dynamic:
+        return main_dynamic(args, only, t0)
     inputs = "reference" if args.reference else "sample"
     def show(r):
         print(f"{r[1]:9s} {r[0]} {r[2]}" + (f"   [grad: {r[3]} {r[4]}]" if len(r) > 3 else ""), flush=True)

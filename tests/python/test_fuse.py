@@ -134,7 +134,9 @@ def test_dead_intermediates_are_not_outputs(fuse):
         y = torch.tanh(y) * 1.5  # 20 intermediates, only the last one lives
     torch.tpu.synchronize()
     grown = torch.tpu.memory_stats()["buffer_bytes.all.current"] - before
-    assert (1 << 16) * 4 <= grown < (1 << 16) * 4 + 1024  # one new buffer: y (+ cached scalars)
+    # one new buffer: y (+ cached scalars), padded at most to its size bucket if the size
+    # policy made it dynamic (earlier tests used that factory at other sizes)
+    assert (1 << 16) * 4 <= grown < (1 << 16) * 5 + 1024
 
 
 def test_inplace_updates_donate_buffers(fuse):
