@@ -746,7 +746,12 @@ torch::jit::Stack bucket_stack(const c10::FunctionSchema& schema, const torch::j
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& v = args[i];
     bool symint = i < schema.arguments().size() && is_size_list(schema.arguments()[i]);
-    if (v.isTensor()) out.push_back(tensor(v.toTensor()));
+    bool out_arg = i < schema.arguments().size() && schema.arguments()[i].is_out();
+    // an out= tensor starts empty in a probe: its resize is silent (a Python Meta kernel's
+    // resize warning would reach the user, past any C++ warning handler)
+    if (meta && out_arg && v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == kTpu)
+      out.push_back(at::empty({0}, v.toTensor().options().device(c10::kMeta)));
+    else if (v.isTensor()) out.push_back(tensor(v.toTensor()));
     else if (v.isTensorList()) {
       c10::List<at::Tensor> l;
       for (const at::Tensor& t : v.toTensorList()) l.push_back(tensor(t));
