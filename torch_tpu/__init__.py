@@ -145,6 +145,46 @@ def _flush_at_exit():
             _C.synchronize()
     except Exception:  # exit must not fail because of queued device work
         pass
+    _let_autograd_threads_settle()
+
+
+def _let_autograd_threads_settle(limit_s=1.0):
+    """Gives autograd's device threads time to drop their last backward before Python
+    finalizes. The thread that ran a backward on tpu releases the graph task after the
+    caller has returned; the task holds a Python object (the context torch stashes for
+    device threads), and a decref that finds the interpreter finalizing ends that thread
+    inside a destructor: std::terminate, the process aborts at exit. A script that ends
+    right after `loss.backward(); opt.step()` met that on a loaded machine. Sleeping
+    releases the GIL, so a thread waiting for it finishes; we wait until no pt_autograd
+    thread is runnable (Linux; elsewhere nothing to look at)."""
+    import time
+
+    try:
+        ids = [t for t in _os.listdir("/proc/self/task") if _thread_comm(t).startswith("pt_autograd")]
+    except OSError:
+        return
+    if not ids:
+        return
+    deadline, quiet = time.monotonic() + limit_s, 0
+    while quiet < 3 and time.monotonic() < deadline:
+        time.sleep(0.002)
+        quiet = 0 if any(_thread_state(t) == "R" for t in ids) else quiet + 1
+
+
+def _thread_comm(tid):
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _thread_state(tid):
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
 
 
 def set_eager_mode(mode):
