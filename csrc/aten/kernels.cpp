@@ -635,6 +635,9 @@ struct Bucketing {
   // sizes at their bound that another tensor of the call holds static (x[n/16, 8] @ w[8/8, 8/8]):
   // read as static dims (through run-time geometry), so the call pairs no bound with a size
   std::vector<int64_t> demoted;
+  // one bound per dynamic size in the call: the largest any of its tensors has for it ([B*T] of
+  // a [B, T/16] storage bounded by B*16, the same size in an uploaded target at its own bucket)
+  std::vector<std::pair<int64_t, int64_t>> unified;
   engine::View view(const at::Tensor& t) const {
     engine::View v = Engine::get().dynamic_view(view_of(t));
     for (const auto& [impl, bound] : marks)
@@ -646,6 +649,9 @@ struct Bucketing {
     for (size_t i = 0; i < v.bound.size(); ++i)
       if (v.bound[i] == v.sizes[i] && std::find(demoted.begin(), demoted.end(), v.sizes[i]) != demoted.end())
         v.bound[i] = 0;
+    for (size_t i = 0; i < v.bound.size(); ++i)
+      for (const auto& [n, b] : unified)
+        if (v.bound[i] > 0 && v.sizes[i] == n) v.bound[i] = b;
     return v;
   }
 };
@@ -925,6 +931,21 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
       if (std::find(held.begin(), held.end(), n) != held.end() && std::find(bk.demoted.begin(), bk.demoted.end(), n) == bk.demoted.end())
         bk.demoted.push_back(n);
   }
+  auto unify = [&](int64_t n, int64_t b) {
+    auto it = std::find_if(bk.unified.begin(), bk.unified.end(), [&](const auto& u) { return u.first == n; });
+    if (it == bk.unified.end()) bk.unified.emplace_back(n, b);
+    else it->second = std::max(it->second, b);
+  };
+  for (const auto& [n, b] : created) unify(n, b);
+  for_each_tensor(args, [&](const at::Tensor& t) {
+    if (!t.defined() || t.device().type() != kTpu) return;
+    engine::View v = bk.view(t);
+    for (size_t i = 0; i < v.bound.size(); ++i)
+      if (v.bound[i] > 0) unify(v.sizes[i], v.bound[i]);
+  });
+  for (auto& [n, b] : created)
+    for (const auto& [un, ub] : bk.unified)
+      if (un == n) b = ub;
   auto view = [&](const at::Tensor& t) { return bk.view(t); };
   bk.sizes = created;
   for_each_tensor(args, [&](const at::Tensor& t) {
@@ -1007,7 +1028,16 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
     const auto &t = meta.rets[k], &b = bm.at_bound.rets[k], &p = bm.past_bound.rets[k];
     std::vector<int64_t> ob(t.sizes.size(), 0);
     for (size_t i = 0; i < t.sizes.size(); ++i)
-      if (t.sizes[i] >= 2 && (b.sizes[i] != p.sizes[i] || t.sizes[i] != b.sizes[i])) ob[i] = eng.bucket(t.sizes[i]);
+      // A dim of a dynamic size of the call keeps that size's bound ([B*T] of an mm over a
+      // [B*T / B*256] operand keeps B*256, whatever bucket B*T alone would take: the program
+      // depends on the bucket only); another takes its own bucket (cat's T+1 stays on the
+      // ladder step by step, where its size at the bounds would grow by one each step).
+      if (t.sizes[i] >= 2 && (b.sizes[i] != p.sizes[i] || t.sizes[i] != b.sizes[i])) {
+        int64_t through = 0;
+        for (const auto& [n, nb] : bk.sizes)
+          if (n == t.sizes[i]) through = std::max(through, nb);
+        ob[i] = through ? std::min(through, b.sizes[i]) : eng.bucket(t.sizes[i]);
+      }
     out_bound.push_back(std::move(ob));
   }
   // A tensor with no dynamic dim but one of a dynamic size (a gradient uploaded from the host

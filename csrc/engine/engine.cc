@@ -211,8 +211,20 @@ int offset_class(const View& v, const std::vector<Dim>& d, int64_t N) {
 
 Value Graph::offset_param(int64_t offset) { return scalar_param(static_cast<double>(offset), true, DType::S64); }
 
+namespace {
+// A padded storage is read and written through run-time geometry in every view (its buffer
+// is not PyTorch's layout), with the view's dims static where it has no bounds.
+View runtime_view(const View& v) {
+  View r = v;
+  r.runtime = true;
+  if (r.bound.empty()) r.bound.assign(r.sizes.size(), 0);
+  return r;
+}
+}  // namespace
+
 Value Graph::load(const View& v) {
   if (v.runtime) return load_runtime(v);
+  if (v.st->padded) return load_runtime(runtime_view(v));
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return b.zeros(v.dtype, v.sizes);
   Value fl = flat(v.st, v.dtype);
@@ -252,6 +264,7 @@ Value Graph::load(const View& v) {
 
 void Graph::store(const View& v, Value value) {
   if (v.runtime) return store_runtime(v, value);
+  if (v.st->padded) return store_runtime(runtime_view(v), value);
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return;
   if (value.dtype() != v.dtype) value = b.convert(value, v.dtype);
@@ -299,6 +312,7 @@ void Graph::store(const View& v, Value value) {
   Entry& e = entries_[index_.at(v.st.get())];
   e.cur = next;
   e.written = true;
+  e.last.valid = false;
   ++stores_;
 }
 
@@ -324,10 +338,76 @@ bool whole_row_major(const View& v) {
          (!v.st->typed || v.st->dtype == v.dtype);
 }
 
-// A whole storage whose dynamic dims follow only size-1 dims (at most one of them): its
-// value is the buffer's first elements, reshaped.
+// A view of a padded storage that covers all of it densely, in some dim order, and whose
+// dims in memory order regroup the base tensor's (merging consecutive dims, a dynamic one
+// only as the outer one of its group, or splitting a static dim): its value is the buffer
+// reshaped (`shape`, memory order at the bounds) and transposed to the view's dim order
+// (`order`: the view's dims of size > 1 from outer to inner in memory). The base tensor
+// itself, its transposes, [B, T, H, Dh] of [B, T, D], [B*H, T, T] of [B, H, T, T].
+struct Regroup {
+  std::vector<int64_t> order;
+  Shape shape;
+};
+
+bool regroup(const View& v, const Shape& vs, Regroup* r) {
+  const Storage& st = *v.st;
+  if (!st.padded || v.offset != 0 || (st.typed && st.dtype != v.dtype) || hlo::numel(v.sizes) != st.numel() ||
+      st.numel() == 0)
+    return false;
+  std::vector<int64_t> order;
+  for (size_t i = 0; i < v.sizes.size(); ++i)
+    if (v.sizes[i] > 1) order.push_back(static_cast<int64_t>(i));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return v.strides[a] > v.strides[c]; });
+  int64_t expect = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (v.strides[*it] != expect) return false;
+    expect *= v.sizes[*it];
+  }
+  std::vector<size_t> bd;
+  for (size_t j = 0; j < st.base_sizes.size(); ++j)
+    if (st.base_sizes[j] > 1) bd.push_back(j);
+  auto dyn = [&](size_t j) { return st.base_bound[bd[j]] > 0; };
+  auto padded = [&](size_t j) { return dyn(j) ? st.base_bound[bd[j]] : st.base_sizes[bd[j]]; };
+  Shape shape;
+  size_t j = 0;
+  for (size_t a = 0; a < order.size();) {
+    if (j >= bd.size()) return false;
+    int64_t m = v.sizes[order[a]], n = st.base_sizes[bd[j]];
+    if (m >= n) {  // base dims j.. merged (only the first may be dynamic)
+      int64_t prod = n, pad = padded(j);
+      for (++j; prod < m && j < bd.size(); ++j) {
+        if (dyn(j)) return false;
+        prod *= st.base_sizes[bd[j]];
+        pad *= st.base_sizes[bd[j]];
+      }
+      if (prod != m) return false;
+      shape.push_back(pad);
+      ++a;
+    } else {  // a static base dim split over view dims a..
+      if (dyn(j)) return false;
+      int64_t prod = 1;
+      for (; prod < n && a < order.size(); ++a) {
+        prod *= v.sizes[order[a]];
+        shape.push_back(v.sizes[order[a]]);
+      }
+      if (prod != n) return false;
+      ++j;
+    }
+  }
+  if (j != bd.size()) return false;
+  for (size_t k = 0; k < order.size(); ++k)
+    if (vs[order[k]] != shape[k]) return false;
+  if (r) {
+    r->order = std::move(order);
+    r->shape = std::move(shape);
+  }
+  return true;
+}
+
+// A packed whole storage whose dynamic dims follow only size-1 dims (at most one of them):
+// its value is the buffer's first elements, reshaped.
 bool reshape_layout(const View& v, const Shape& value_shape) {
-  if (!whole_row_major(v)) return false;
+  if (v.st->padded || !whole_row_major(v)) return false;
   bool leading = true;
   int dynamic = 0;
   for (size_t i = 0; i < v.sizes.size(); ++i) {
@@ -338,10 +418,40 @@ bool reshape_layout(const View& v, const Shape& value_shape) {
   }
   return dynamic <= 1 && hlo::numel(value_shape) <= v.st->elements();
 }
+
+// A runtime view read and written by rows: its last dim is static and contiguous, so a
+// gather or scatter moves whole rows (one position per row, not per element). In a padded
+// storage each row must lie in one row of the base tensor (whose last dim is then static).
+bool row_access(const View& v, const Shape& value_shape) {
+  size_t r = v.sizes.size();
+  if (!(r >= 2 && v.strides[r - 1] == 1 && (v.bound.empty() || v.bound[r - 1] == 0) && v.sizes[r - 1] >= 2 &&
+        value_shape[r - 1] == v.sizes[r - 1]))
+    return false;
+  const Storage& st = *v.st;
+  if (!st.padded) return true;
+  int64_t w = st.base_sizes.back();
+  if (st.base_bound.back() > 0 || v.offset % w + v.sizes[r - 1] > w) return false;
+  for (size_t i = 0; i + 1 < r; ++i)
+    if (v.sizes[i] > 1 && v.strides[i] % w != 0) return false;
+  return true;
+}
 }  // namespace
 
-// Positions offset + sum_k i_k * stride_k over `shape` (offset and strides are s64
-// parameters: they may depend on a dynamic size), as an s64 tensor of that shape.
+// How a runtime view is read (the op's trace key holds it): the value an earlier op stored
+// through it, the buffer reshaped, rows or elements gathered.
+char Graph::access(const View& v, const Shape& vs) const {
+  if (forwards(v)) return 'F';
+  if (regroup(v, vs, nullptr)) return 'S';
+  if (reshape_layout(v, vs)) return 'R';
+  if (row_access(v, vs) && vs.back() <= v.st->elements()) return 'W';
+  return 'G';
+}
+
+// Buffer positions of a view's elements over `shape` (offset + sum_k i_k * stride_k in
+// PyTorch's layout: offset and strides are s64 parameters, they may depend on a dynamic
+// size). In a padded storage that position p is moved to the base element it names:
+// i_j = (p / S_j) % n_j (S_j, n_j the base's strides and sizes, parameters where they
+// depend on a dynamic size), at sum i_j * F_j (F_j the row-major strides at the bounds).
 Value Graph::runtime_positions(const View& v, const Shape& shape) {
   Value acc = b.broadcast_in_dim(offset_param(v.offset), shape, {});
   for (size_t k = 0; k < shape.size(); ++k) {
@@ -349,67 +459,180 @@ Value Graph::runtime_positions(const View& v, const Shape& shape) {
     Value stride = b.broadcast_in_dim(scalar_param(static_cast<double>(v.strides[k]), true, DType::S64), shape, {});
     acc = b.add(acc, b.mul(b.iota(DType::S64, shape, static_cast<int64_t>(k)), stride));
   }
-  return acc;
+  const Storage& st = *v.st;
+  if (!st.padded) return acc;
+  Shape full = st.full();
+  size_t k = st.base_sizes.size();
+  Value q;
+  int64_t F = 1;
+  bool dyn_after = false;  // a dynamic dim after j: S_j varies within the bucket
+  for (size_t j = k; j-- > 0;) {
+    int64_t n = st.base_sizes[j];
+    if (n > 1) {
+      Value i = acc;
+      if (j + 1 < k) {
+        Value S = dyn_after ? scalar_param(static_cast<double>(st.base_strides[j]), true, DType::S64)
+                            : b.constant_int(st.base_strides[j], DType::S64);
+        i = b.div(i, b.broadcast_in_dim(S, shape, {}));
+      }
+      if (j > 0) {
+        Value N = st.base_bound[j] > 0 ? scalar_param(static_cast<double>(n), true, DType::S64) : b.constant_int(n, DType::S64);
+        i = b.binary("remainder", i, b.broadcast_in_dim(N, shape, {}));
+      }
+      if (F != 1) i = b.mul(i, b.constant_int(F, DType::S64, shape));
+      q = q.valid() ? b.add(q, i) : i;
+    }
+    F *= full[j];
+    dyn_after |= st.base_bound[j] > 0;
+  }
+  return q.valid() ? q : b.zeros(DType::S64, shape);
 }
 
 Value Graph::load_runtime(const View& v) {
   Shape vs = v.value_shape();
   if (hlo::numel(vs) == 0 || hlo::numel(v.sizes) == 0) return b.zeros(v.dtype, vs);
-  Value fl = flat(v.st, v.dtype);
-  int64_t N = fl.shape()[0];
   Value val;
-  if (reshape_layout(v, vs)) {
-    int64_t m = hlo::numel(vs);
-    val = b.reshape(m == N ? fl : b.slice(fl, {0}, {m}, {1}), vs);
-  } else {  // a gather; positions past the real elements read the padding
-    Value pos = runtime_positions(v, vs);
-    pos = b.clamp(b.constant_int(0, DType::S64), pos, b.constant_int(N - 1, DType::S64));
-    val = b.take(fl, pos, 0);
+  char how = access(v, vs);
+  if (how == 'F') {  // what an earlier op stored through this view: its dims re-marked below
+    val = entries_[index_.at(v.st.get())].last.value;
+  } else {
+    Value fl = flat(v.st, v.dtype);
+    int64_t N = fl.shape()[0], m = hlo::numel(vs);
+    if (how == 'S') {
+      Regroup r;
+      regroup(v, vs, &r);
+      val = b.reshape(m == N ? fl : b.slice(fl, {0}, {m}, {1}), r.shape);
+      // memory order -> the view's order of its dims of size > 1, then its size-1 dims
+      std::vector<int64_t> perm(r.order.size());
+      std::vector<int64_t> sorted = r.order;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t i = 0; i < sorted.size(); ++i)
+        perm[i] = std::find(r.order.begin(), r.order.end(), sorted[i]) - r.order.begin();
+      val = b.reshape(b.transpose(val, perm), vs);
+    } else if (how == 'R') {
+      val = b.reshape(m == N ? fl : b.slice(fl, {0}, {m}, {1}), vs);
+    } else if (how == 'W') {
+      Shape rows(vs.begin(), vs.end() - 1);
+      val = b.take_rows(fl, runtime_positions(v, rows), vs.back());
+    } else {  // positions past the real elements read the padding
+      Value pos = runtime_positions(v, vs);
+      pos = b.clamp(b.constant_int(0, DType::S64), pos, b.constant_int(N - 1, DType::S64));
+      val = b.take(fl, pos, 0);
+    }
   }
   for (size_t i = 0; i < vs.size(); ++i)
     if (!v.bound.empty() && v.bound[i] > 0) {
-      val = b.set_dimension_size(val, scalar_param(static_cast<double>(v.sizes[i]), true, DType::S32), static_cast<int64_t>(i));
+      val = b.set_dimension_size(val, size_param(v.sizes[i]), static_cast<int64_t>(i));
       if (std::find(buckets.begin(), buckets.end(), v.bound[i]) == buckets.end()) buckets.push_back(v.bound[i]);
     }
   return val;
 }
 
-// Writes of a bucketed value: dims of the value beyond the view's real sizes are
-// padding. A scatter over the value's shape whose positions past a real size are out
-// of range (dropped); its result keeps the storage's static shape (a reshape or an
-// update_slice of a dynamic value would make the program's result dynamic).
+// Writes of a bucketed value: dims of the value beyond the view's real sizes are padding.
+// The base tensor of a padded storage is the value itself (made static: a program's result
+// has a static shape); a packed storage's whole tensor is gathered from the value in
+// PyTorch's order; any other view is a scatter over the value's shape (by rows where they
+// are contiguous) whose positions past a real size are out of range (dropped).
 void Graph::store_runtime(const View& v, Value value) {
   if (hlo::numel(v.sizes) == 0) return;
   if (value.dtype() != v.dtype) value = b.convert(value, v.dtype);
   // one entry per dim of the view, at least its real size (more in a bucketed dim)
   bool fits = value.rank() == static_cast<int64_t>(v.sizes.size());
   for (size_t i = 0; fits && i < v.sizes.size(); ++i) fits = value.shape()[i] >= v.sizes[i];
+  Shape vs = v.value_shape();
   if (!fits) {
-    Shape vs = v.value_shape();
     int64_t m = hlo::numel(value.shape());
     value = m == hlo::numel(vs) ? b.reshape(value, vs) : m == hlo::numel(v.sizes) ? b.reshape(value, v.sizes) : b.broadcast_to(value, vs);
   }
   Shape U = value.shape();
   Value fl = flat(v.st, v.dtype);
   int64_t N = fl.shape()[0];
-  Value pos = runtime_positions(v, U);
+  Value plain = b.static_shape(value);  // XLA's run-time sizes dropped: what lay past them stays as padding
+  Regroup r;
+  if (U == vs && regroup(v, vs, &r)) {  // the value in memory order is the buffer
+    std::vector<int64_t> sorted = r.order;
+    std::sort(sorted.begin(), sorted.end());
+    Shape squeezed;
+    for (int64_t d : sorted) squeezed.push_back(vs[d]);
+    std::vector<int64_t> perm;
+    for (int64_t d : r.order) perm.push_back(std::find(sorted.begin(), sorted.end(), d) - sorted.begin());
+    Value next = b.reshape(b.transpose(b.reshape(plain, squeezed), perm), {hlo::numel(U)});
+    if (hlo::numel(U) < N) next = b.pad(next, b.zeros(next.dtype(), {}), {0}, {N - hlo::numel(U)}, {0});
+    return finish_store(v, value, reinterpret(b, next, v.st->dtype), true);
+  }
+  if (U == vs && !v.st->padded && v.has_dynamic_dims() && whole_row_major(v)) {
+    Value next = whole_store(v, plain, N);
+    if (next.valid()) return finish_store(v, value, reinterpret(b, next, v.st->dtype), true);
+  }
+  bool rows = v.has_dynamic_dims() && row_access(v, U) && U.back() <= N;
+  Shape P = U;  // one position per element, or per row
+  if (rows) P.pop_back();
+  Value pos = runtime_positions(v, P);
   Value keep;
-  for (size_t k = 0; k < U.size(); ++k) {  // (the text follows the key: a dynamic dim's size is a parameter)
+  for (size_t k = 0; k < P.size(); ++k) {  // (the text follows the key: a dynamic dim's size is a parameter)
     if (U[k] == v.sizes[k] && (v.bound.empty() || v.bound[k] == 0)) continue;
-    Value size = b.broadcast_in_dim(scalar_param(static_cast<double>(v.sizes[k]), true, DType::S64), U, {});
-    Value in = b.compare(b.iota(DType::S64, U, static_cast<int64_t>(k)), size, hlo::Cmp::LT);
+    Value size = b.broadcast_in_dim(scalar_param(static_cast<double>(v.sizes[k]), true, DType::S64), P, {});
+    Value in = b.compare(b.iota(DType::S64, P, static_cast<int64_t>(k)), size, hlo::Cmp::LT);
     keep = keep.valid() ? b.binary("and", keep, in) : in;
   }
-  if (keep.valid()) pos = b.select(keep, pos, b.constant_int(N, DType::S64, U));
-  Shape ishape = U;
-  ishape.push_back(1);
-  Value next = b.scatter_nd(fl, b.reshape(pos, ishape), value);
-  next.type.dynamic = false;  // the scatter's result has the storage's static shape
-  next = reinterpret(b, next, v.st->dtype);
+  if (keep.valid()) pos = b.select(keep, pos, b.constant_int(N, DType::S64, P));
+  Value next;
+  if (rows) {
+    next = b.scatter_rows(fl, pos, plain);
+  } else {
+    Shape ishape = U;
+    ishape.push_back(1);
+    next = b.scatter_nd(fl, b.reshape(pos, ishape), plain);
+  }
+  finish_store(v, value, reinterpret(b, next, v.st->dtype), U == vs);
+}
+
+void Graph::finish_store(const View& v, Value value, Value next, bool forward) {
   Entry& e = entries_[index_.at(v.st.get())];
   e.cur = next;
   e.written = true;
+  e.last.valid = forward;
+  if (forward) {
+    e.last.view = v;
+    e.last.value = value;
+    e.last.op = ops.size();
+  }
   ++stores_;
+}
+
+// The next flat value of a packed storage when a store through v (whole, row-major, rows
+// contiguous) writes every real element: the value's rows in PyTorch's order, gathered from
+// the (static) value itself: buffer row r holds the value's row at r's indices
+// i_j = (r / S_j) % n_j (S_j v's row strides, n_j its sizes, parameters where dynamic).
+// No scatter into the old buffer. Invalid where v's rows are not contiguous.
+Value Graph::whole_store(const View& v, Value value, int64_t N) {
+  Shape vs = v.value_shape();
+  if (!row_access(v, vs) || vs.back() > N) return Value{};
+  int64_t w = vs.back(), rows = N / w, k = static_cast<int64_t>(vs.size()) - 1;
+  Shape R{rows, 1};
+  Value r = b.iota(DType::S64, R, 0);
+  std::vector<Value> idx;
+  for (int64_t j = 0; j < k; ++j) {
+    Value i = b.div(r, b.broadcast_in_dim(scalar_param(static_cast<double>(v.strides[j] / w), true, DType::S64), R, {}));
+    if (j > 0) {
+      Value n = v.bound.empty() || v.bound[j] == 0 ? b.constant_int(v.sizes[j], DType::S64)
+                                                   : scalar_param(static_cast<double>(v.sizes[j]), true, DType::S64);
+      i = b.binary("remainder", i, b.broadcast_in_dim(n, R, {}));
+    }
+    idx.push_back(b.clamp(b.constant_int(0, DType::S64), i, b.constant_int(vs[j] - 1, DType::S64)));
+  }
+  Value got = b.reshape(b.take_rows_at(value, idx.size() == 1 ? idx[0] : b.concatenate(idx, 1)), {rows * w});
+  if (rows * w == N) return got;  // what follows the real elements is padding
+  return b.pad(got, b.zeros(got.dtype(), {}), {0}, {N - rows * w}, {0});
+}
+
+bool Graph::forwards(const View& v) const {
+  if (!v.runtime) return false;
+  auto it = index_.find(v.st.get());
+  if (it == index_.end()) return false;
+  const auto& l = entries_[it->second].last;
+  return l.valid && l.op < ops.size() && l.view.offset == v.offset && l.view.dtype == v.dtype &&
+         l.view.sizes == v.sizes && l.view.strides == v.strides && l.view.bound == v.bound;
 }
 
 int Graph::op_at_line(int line) const {
@@ -444,20 +667,46 @@ void Graph::key_view(KeyBuilder& kb, const View& v) const {
       kb.k += st->buffer ? 'p' : 'z';
       kb.k += static_cast<char>(st->typed);
       kb.k += static_cast<char>(st->dtype);
-      if (st->dynamic()) {  // its bucket, not its size
-        kb.k += 'D';
+      if (st->dynamic()) {  // its bucket, not its size (and a padded one's shape at the bounds)
+        kb.k += st->padded ? 'P' : 'D';
         kb.i64(st->elements());
+        if (st->padded) {
+          Shape f = st->full();
+          kb.i64(static_cast<int64_t>(f.size()));
+          for (size_t i = 0; i < f.size(); ++i) kb.i64(st->base_bound[i] > 0 ? -f[i] : f[i]);
+        }
       } else {
         kb.i64(st->nbytes);
       }
     }
   }
   kb.k += static_cast<char>(v.dtype);
-  if (v.runtime) {  // offset, strides and dynamic sizes are parameters
-    Shape vs = v.value_shape();
-    kb.k += reshape_layout(v, vs) ? 'R' : 'G';
+  if (v.runtime || st->padded) {  // offset, strides and dynamic sizes are parameters
+    View rv = v.runtime ? v : runtime_view(v);
+    Shape vs = rv.value_shape();
+    char how = access(rv, vs);
+    kb.k += how;
+    Regroup r;
+    if (how == 'S' && regroup(rv, vs, &r))
+      for (int64_t d : r.order) kb.i64(d);
+    kb.k += whole_row_major(rv) ? 'H' : 'h';
+    kb.k += row_access(rv, vs) ? 'w' : '-';
     kb.i64(static_cast<int64_t>(vs.size()));
-    for (size_t i = 0; i < vs.size(); ++i) kb.i64(!v.bound.empty() && v.bound[i] > 0 ? -vs[i] : vs[i]);
+    for (size_t i = 0; i < vs.size(); ++i) {
+      bool dyn = !rv.bound.empty() && rv.bound[i] > 0;
+      kb.i64(dyn ? -vs[i] : vs[i]);
+      if (!dyn) continue;
+      // which of the graph's size parameters this dim's size is (equal sizes share one)
+      int64_t n = rv.sizes[i], cls = -1;
+      for (size_t k = 0; k < size_params_.size() && cls < 0; ++k)
+        if (size_params_[k].n == n) cls = static_cast<int64_t>(k);
+      if (cls < 0) {
+        auto f = std::find(kb.new_sizes.begin(), kb.new_sizes.end(), n);
+        cls = -1 - (f - kb.new_sizes.begin());
+        if (f == kb.new_sizes.end()) kb.new_sizes.push_back(n);
+      }
+      kb.i64(cls);
+    }
     return;
   }
   // offsets are program parameters: only their class shapes the text
@@ -479,10 +728,20 @@ void Graph::rollback(const Mark& m) {
   for (size_t i = m.entries; i < entries_.size(); ++i) index_.erase(entries_[i].st.get());
   entries_.resize(m.entries);
   params_.resize(m.params);
+  while (!size_params_.empty() && size_params_.back().param >= m.params) size_params_.pop_back();
   stores_ = m.stores;
   rng_.param = m.rng_param;
   rng_.key = m.rng_key;
   rng_.counter = m.rng_counter;
+}
+
+Value Graph::size_param(int64_t n) {
+  for (const auto& p : size_params_)
+    if (p.n == n) return p.v;
+  size_t at = params_.size();
+  Value v = scalar_param(static_cast<double>(n), true, DType::S32);
+  size_params_.push_back({n, v, at});
+  return v;
 }
 
 Value Graph::scalar_param(double v, bool is_int, DType t) {
@@ -1086,6 +1345,17 @@ void Engine::finish(Graph& g, Program& p, const std::vector<Value>& values) {
       for (const auto& t : g.b.param_types()) ps += " " + t.str();
       std::fprintf(stderr, "torch_tpu compile: %zu ops:%s%s (%s)\n", g.ops.size(), ops.c_str(), g.ops.size() > 6 ? " ..." : "", ps.c_str());
     }
+    // debugging aid: every compiled program's text, numbered, with the ops it holds
+    static const char* dump = std::getenv("TORCH_TPU_DUMP_PROGRAMS");
+    if (dump && *dump) {
+      std::string path = std::string(dump) + "/program_" + std::to_string(metrics.compiles.load()) + ".mlir";
+      if (FILE* f = std::fopen(path.c_str(), "w")) {
+        std::string head = "// ops:";
+        for (const auto& o : g.ops) head += " " + o;
+        std::fprintf(f, "%s\n%s", head.c_str(), p.text->c_str());
+        std::fclose(f);
+      }
+    }
     note_compile(g, values);
     if (!g.buckets.empty()) {
       std::vector<int64_t> bs = g.buckets;
@@ -1371,9 +1641,8 @@ void Engine::read(const View& v, void* dst) {
     flush(v.st->device);
     src = tmp;
   }
-  if (src->dynamic()) {  // the buffer's first n elements
-    std::vector<char> all(static_cast<size_t>(src->elements() * hlo::itemsize(src->dtype)));
-    src->buffer->to_host(all.data(), all.size());
+  if (src->dynamic()) {  // its real elements in PyTorch's layout
+    std::vector<char> all = host_packed(*src);
     std::memcpy(dst, all.data(), nbytes);
   } else {
     src->buffer->to_host(dst, nbytes);
@@ -1443,10 +1712,8 @@ void Engine::write(const View& v, const void* src) {
     flush(v.st->device);  // pending writes to this storage happen before the upload
     v.st->dtype = v.dtype;
     v.st->typed = true;
-    if (v.st->dynamic()) {  // padded to the storage's capacity
-      std::vector<char> padded(static_cast<size_t>(v.st->elements() * hlo::itemsize(v.dtype)), 0);
-      std::memcpy(padded.data(), src, static_cast<size_t>(nbytes));
-      v.st->buffer = client.from_host(padded.data(), pjrt_type(v.dtype), {v.st->elements()}, v.st->device);
+    if (v.st->dynamic()) {  // in the storage's layout, at its capacity
+      set_packed(*v.st, src);
     } else {
       v.st->buffer = client.from_host(src, pjrt_type(v.dtype), {n}, v.st->device);
     }
@@ -1520,17 +1787,20 @@ View Engine::dynamic_view(const View& v) const {
           d.bound[i] = split ? live_bound(v.sizes[i]) : bucket(v.sizes[i]);
           break;
         }
-        // merged with the dims before it (row-major among themselves)
-        int64_t span = bs[k], stride = bt[k] * bs[k];
+        // merged with the dims before it (row-major among themselves): the product of their
+        // bounds, so [B*T] of a [B, T/256] storage is bounded by B*256 whatever T is in that
+        // bucket (one program for the bucket), and is read as a prefix of the buffer
+        int64_t span = bs[k], stride = bt[k] * bs[k], padded = bb[k] > 0 ? bb[k] : bs[k];
         bool dyn = bb[k] > 0;
         for (size_t j = k; j-- > 0 && span < v.sizes[i];) {
           if (bs[j] == 1) continue;
           if (bt[j] != stride) break;
           span *= bs[j];
           stride *= bs[j];
+          padded *= bb[j] > 0 ? bb[j] : bs[j];
           dyn |= bb[j] > 0;
         }
-        if (span == v.sizes[i] && dyn) d.bound[i] = bucket(v.sizes[i]);
+        if (span == v.sizes[i] && dyn) d.bound[i] = padded;
         break;
       }
     }
@@ -1539,6 +1809,65 @@ View Engine::dynamic_view(const View& v) const {
   for (size_t i = 0; i < v.sizes.size(); ++i)
     if (v.sizes[i] >= 2) d.bound[i] = st.bound_of(v.sizes[i]);
   return d;
+}
+
+namespace {
+// Calls f(packed offset, padded offset) for each row (last dim) of a padded storage's base.
+template <typename F>
+void for_each_row(const Storage& st, F f) {
+  const Shape &B = st.base_sizes;
+  Shape full = st.full();
+  size_t k = B.size();
+  if (k == 0 || hlo::numel(B) == 0) return;
+  Shape idx(k, 0);
+  for (;;) {
+    int64_t p = 0, q = 0, ps = B[k - 1], qs = full[k - 1];
+    for (size_t j = k - 1; j-- > 0;) {
+      p += idx[j] * ps;
+      q += idx[j] * qs;
+      ps *= B[j];
+      qs *= full[j];
+    }
+    f(p, q);
+    size_t j = k - 1;
+    while (j-- > 0) {
+      if (++idx[j] < B[j]) break;
+      idx[j] = 0;
+    }
+    if (j == static_cast<size_t>(-1)) return;
+  }
+}
+}  // namespace
+
+std::vector<char> Engine::host_packed(const Storage& st) {
+  size_t item = static_cast<size_t>(hlo::itemsize(st.dtype));
+  std::vector<char> all(static_cast<size_t>(st.elements()) * item);
+  st.buffer->to_host(all.data(), all.size());
+  metrics.d2h_transfers++;
+  metrics.d2h_bytes += static_cast<int64_t>(all.size());
+  if (!st.padded) {
+    all.resize(static_cast<size_t>(st.numel()) * item);
+    return all;
+  }
+  std::vector<char> packed(static_cast<size_t>(st.numel()) * item);
+  size_t row = static_cast<size_t>(st.base_sizes.back()) * item;
+  for_each_row(st, [&](int64_t p, int64_t q) { std::memcpy(packed.data() + p * item, all.data() + q * item, row); });
+  return packed;
+}
+
+void Engine::set_packed(Storage& st, const void* packed) {
+  size_t item = static_cast<size_t>(hlo::itemsize(st.dtype));
+  std::vector<char> buf(static_cast<size_t>(st.elements()) * item, 0);
+  const char* src = static_cast<const char*>(packed);
+  if (st.padded) {
+    size_t row = static_cast<size_t>(st.base_sizes.back()) * item;
+    for_each_row(st, [&](int64_t p, int64_t q) { std::memcpy(buf.data() + q * item, src + p * item, row); });
+  } else {
+    std::memcpy(buf.data(), src, static_cast<size_t>(st.numel()) * item);
+  }
+  st.buffer = rt::Client::get().from_host(buf.data(), pjrt_type(st.dtype), {st.elements()}, st.device);
+  metrics.h2d_transfers++;
+  metrics.h2d_bytes += static_cast<int64_t>(buf.size());
 }
 
 void Engine::make_dynamic(const StoragePtr& st, const Shape& sizes, const Shape& strides, const Shape& bound) {
@@ -1550,13 +1879,43 @@ void Engine::make_dynamic(const StoragePtr& st, const Shape& sizes, const Shape&
       full[i] = bound[i];
     }
   if (dyn.empty()) return;
+  if (!st->typed) {
+    st->dtype = DType::U8;
+    st->typed = true;
+  }
+  // the whole storage as one row-major tensor (a fresh one, or the base it was made for with
+  // more dims dynamic): laid out padded, its values (if any) moved through host memory
+  bool whole = hlo::numel(sizes) == st->numel() && row_major(sizes, strides) && hlo::numel(sizes) > 0;
+  bool same = st->dynamic() && st->padded && st->base_sizes == sizes && st->base_strides == strides;
+  if (whole && (!st->dynamic() || same)) {
+    Shape b = bound;
+    if (same)
+      for (size_t i = 0; i < b.size(); ++i) b[i] = std::max(b[i], st->base_bound[i]);
+    if (!(same && b == st->base_bound)) {
+      std::vector<char> values;
+      if (st->buffer || pending(st)) {
+        flush(st->device);
+        if (st->buffer) values = host_packed(*st);
+        metrics.dynamic_conversions++;
+      }
+      st->base_sizes = sizes;
+      st->base_strides = strides;
+      st->base_bound = b;
+      st->padded = true;
+      st->capacity = hlo::numel(st->full());
+      record_sizes(*st, dyn);
+      if (!values.empty()) set_packed(*st, values.data());
+    }
+    record_sizes(*st, dyn);
+    return;
+  }
   bool fresh = !st->dynamic();
   make_dynamic(st, st->numel() - hlo::numel(sizes) + hlo::numel(full), dyn);
   if (fresh) {
     st->base_sizes = sizes;
     st->base_strides = strides;
     st->base_bound = bound;
-  } else if (st->base_sizes == sizes && st->base_strides == strides) {
+  } else if (!st->padded && st->base_sizes == sizes && st->base_strides == strides) {
     for (size_t i = 0; i < bound.size(); ++i) st->base_bound[i] = std::max(st->base_bound[i], bound[i]);
   }
 }
@@ -1568,52 +1927,45 @@ void Engine::make_dynamic(const StoragePtr& st, int64_t capacity, const std::vec
   }
   int64_t old = st->elements();
   capacity = std::max({capacity, st->numel(), st->dynamic() ? st->capacity : int64_t{0}});
-  if ((st->buffer || pending(st)) && capacity > old) {
+  std::vector<char> values;  // moved through host memory: no program to compile
+  bool move = (st->buffer || pending(st)) && capacity > old;
+  if (move) {
     flush(st->device);  // its pending value first
-    if (st->buffer) {  // padded through host memory: no program to compile
-      size_t item = static_cast<size_t>(hlo::itemsize(st->dtype));
-      std::vector<char> host(static_cast<size_t>(capacity) * item, 0);
-      st->buffer->to_host(host.data(), static_cast<size_t>(old) * item);
-      st->buffer = rt::Client::get().from_host(host.data(), pjrt_type(st->dtype), {capacity}, st->device);
-      metrics.d2h_transfers++;
-      metrics.d2h_bytes += old * static_cast<int64_t>(item);
-      metrics.h2d_transfers++;
-      metrics.h2d_bytes += capacity * static_cast<int64_t>(item);
-    }
+    if (st->buffer) values = host_packed(*st);
     metrics.dynamic_conversions++;
   }
+  if (capacity > st->capacity) st->padded = false;  // a larger buffer than the base's: packed
   st->capacity = capacity;
+  record_sizes(*st, sizes);
+  if (!values.empty()) set_packed(*st, values.data());
+}
+
+void Engine::record_sizes(Storage& st, const std::vector<std::pair<int64_t, int64_t>>& sizes) {
   for (const auto& [size, bound] : sizes) {
     if (live_.size() > 4096) live_.clear();
     live_[size] = {bound, epoch_};
     bool known = false;
-    for (auto& e : st->dyn)
+    for (auto& e : st.dyn)
       if (e.first == size) {
         e.second = std::max(e.second, bound);
         known = true;
       }
-    if (!known) st->dyn.emplace_back(size, bound);
+    if (!known) st.dyn.emplace_back(size, bound);
   }
 }
 
 void Engine::make_static(const StoragePtr& st) {
   if (!st->dynamic()) return;
   if (pending(st)) flush(st->device);
-  if (st->buffer) {
-    size_t item = static_cast<size_t>(hlo::itemsize(st->dtype));
-    std::vector<char> host(static_cast<size_t>(st->capacity) * item, 0);
-    st->buffer->to_host(host.data(), host.size());
-    st->buffer = rt::Client::get().from_host(host.data(), pjrt_type(st->dtype), {st->numel()}, st->device);
-    metrics.d2h_transfers++;
-    metrics.d2h_bytes += static_cast<int64_t>(host.size());
-    metrics.h2d_transfers++;
-    metrics.h2d_bytes += st->numel() * static_cast<int64_t>(item);
-  }
+  std::vector<char> values;
+  if (st->buffer) values = host_packed(*st);
   st->dyn.clear();
   st->capacity = 0;
+  st->padded = false;
   st->base_sizes.clear();
   st->base_strides.clear();
   st->base_bound.clear();
+  if (!values.empty()) set_packed(*st, values.data());
 }
 
 int64_t Engine::live_bound(int64_t size) const {

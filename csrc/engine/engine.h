@@ -51,8 +51,19 @@ struct Storage {
   // the tensor it was made dynamic for: its sizes, strides and per dim the bound of a
   // dynamic dim (0: static); views of it take the bounds of the dims they walk
   Shape base_sizes, base_strides, base_bound;
+  // The buffer's layout. Padded: the base tensor (row-major, the whole storage) at its bounds,
+  // so element (i_0, ..., i_k) lies at sum i_j * (row-major strides of full()) and the base
+  // tensor is read and written as the buffer itself (a reshape). Otherwise packed: PyTorch's
+  // layout of the real elements first, then padding.
+  bool padded = false;
   bool pinned_static = false;  // torch_tpu.mark_static: the size policy leaves it alone
   bool dynamic() const { return !dyn.empty(); }
+  Shape full() const {  // the base tensor's shape at its bounds
+    Shape f = base_sizes;
+    for (size_t i = 0; i < f.size() && i < base_bound.size(); ++i)
+      if (base_bound[i] > 0) f[i] = base_bound[i];
+    return f;
+  }
   int64_t elements() const { return dynamic() ? capacity : numel(); }  // the buffer's length
   int64_t bound_of(int64_t size) const {  // 0: not a dynamic size of this storage
     for (const auto& [s, b] : dyn)
@@ -167,6 +178,7 @@ struct KeyBuilder {
   explicit KeyBuilder(std::string& key) : k(key) {}
   std::string& k;
   std::vector<const Storage*> fresh;
+  std::vector<int64_t> new_sizes;  // dynamic sizes this op names that the graph has no parameter for yet
   void add(const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
   void i64(int64_t x) { add(&x, sizeof x); }
 };
@@ -236,12 +248,36 @@ class Graph {
     Value cur;
     int param = -1;  // program parameter index of the storage's incoming buffer
     bool written = false;
+    // The last store through run-time geometry, while no other store followed it: a later
+    // op's load of the same view takes this value (no gather of what the scatter just wrote).
+    struct {
+      View view;
+      Value value;
+      size_t op = 0;  // the op that stored it
+      bool valid = false;
+    } last;
   };
+  // Whether a load of runtime view v takes the value an earlier op of this graph stored
+  // through the same view (decided by the state at the op's start, so it is part of its key).
+  bool forwards(const View& v) const;
   Value flat(const StoragePtr& st, DType as);
   Value offset_param(int64_t offset);  // a view's offset, as an s64 parameter
+  // The s32 parameter of a dynamic size n: one per distinct size in a graph (XLA's dynamic
+  // padder then knows dims of equal size as equal, and masks each once). Which sizes are
+  // equal is part of each op's key (see key_view).
+  Value size_param(int64_t n);
+  struct SizeParam {
+    int64_t n;
+    Value v;
+    size_t param;  // its index among the graph's parameters
+  };
+  std::vector<SizeParam> size_params_;
   Value load_runtime(const View& v);
   void store_runtime(const View& v, Value value);
   Value runtime_positions(const View& v, const Shape& shape);
+  Value whole_store(const View& v, Value value, int64_t N);
+  char access(const View& v, const Shape& vs) const;
+  void finish_store(const View& v, Value value, Value next, bool forward);
   std::vector<Entry> entries_;
   std::unordered_map<Storage*, int> index_;
   std::vector<Binding> params_;  // per program parameter
@@ -321,6 +357,10 @@ class Engine {
   // Makes a dynamic st static again (its buffer cut to numel() through host memory, no program):
   // a compiled program captured with a static input reads it in place.
   void make_static(const StoragePtr& st);
+  // The storage's real elements in PyTorch's layout (numel() of them), read from its buffer
+  // (which must exist; no flush), and the reverse: a new buffer in the storage's layout.
+  std::vector<char> host_packed(const Storage& st);
+  void set_packed(Storage& st, const void* packed);
   // make_dynamic for the dense tensor (sizes, strides) at offset 0, with per-dim bounds
   // `bound` (0: static)
   void make_dynamic(const StoragePtr& st, const Shape& sizes, const Shape& strides, const Shape& bound);
@@ -480,6 +520,7 @@ class Engine {
   // [L, B]) is dynamic in the factor that is one of them
   std::unordered_map<int64_t, std::pair<int64_t, int64_t>> live_;
   int64_t live_bound(int64_t size) const;
+  void record_sizes(Storage& st, const std::vector<std::pair<int64_t, int64_t>>& sizes);
   rt::ExecutablePtr disk_load(const std::string& text);
   void relieve_map_pressure();
   int loads_since_map_check_ = 0;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <sstream>
 
 namespace tt::hlo {
@@ -760,6 +761,43 @@ Value Builder::scatter_nd(Value x, Value idx, Value upd) {
   return emit_multi("scatter", {x, convert(idx, DType::S64), upd}, {x.type}, attrs, reg)[0];
 }
 
+Value Builder::take_rows(Value x, Value starts, int64_t w) {
+  if (x.rank() != 1 || w < 1 || w > x.shape()[0]) throw BuildError("take_rows: a 1-D operand holding a row");
+  int64_t r = starts.rank();
+  Shape ishape = starts.shape(), out = starts.shape();
+  ishape.push_back(1);
+  out.push_back(w);
+  std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = [" + std::to_string(r) +
+                      "], start_index_map = [0], index_vector_dim = " + std::to_string(r) +
+                      ">, slice_sizes = " + i64_array({w}) + ", indices_are_sorted = false";
+  return emit("gather", {x, reshape(convert(starts, DType::S64), ishape)}, Type{x.dtype(), out}, attrs);
+}
+
+Value Builder::take_rows_at(Value x, Value idx) {
+  int64_t k = x.rank() - 1;
+  if (k < 1 || idx.rank() != 2 || idx.shape()[1] != k) throw BuildError("take_rows_at: one index per outer dim");
+  std::vector<int64_t> dims(k);
+  std::iota(dims.begin(), dims.end(), 0);
+  Shape slice(k, 1);
+  slice.push_back(x.shape().back());
+  std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [" + join(dims) +
+                      "], start_index_map = [" + join(dims) + "], index_vector_dim = 1>, slice_sizes = " +
+                      i64_array(slice) + ", indices_are_sorted = false";
+  return emit_typed("gather", {x, convert(idx, DType::S64)}, {Type{x.dtype(), {idx.shape()[0], x.shape().back()}}}, attrs)[0];
+}
+
+Value Builder::scatter_rows(Value x, Value starts, Value rows) {
+  int64_t r = starts.rank();
+  if (x.rank() != 1 || rows.rank() != r + 1) throw BuildError("scatter_rows: a 1-D operand and one start per row");
+  Shape ishape = starts.shape();
+  ishape.push_back(1);
+  std::string reg = region("", x.dtype(), 1);
+  std::string attrs = "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [" + std::to_string(r) +
+                      "], scatter_dims_to_operand_dims = [0], index_vector_dim = " + std::to_string(r) +
+                      ">, indices_are_sorted = false, unique_indices = false";
+  return emit_multi("scatter", {x, reshape(convert(starts, DType::S64), ishape), rows}, {x.type}, attrs, reg)[0];
+}
+
 Value Builder::sort_dim(Value x, int64_t dim, bool descending, Value* indices) {
   check_dim("sort", dim, x.rank());
   Value idx = iota(DType::S64, x.shape(), dim);
@@ -785,6 +823,21 @@ Value Builder::set_dimension_size(Value x, Value size, int64_t dim) {
   t.dynamic = true;
   return emit_typed("set_dimension_size", {x, convert(size, DType::S32)}, {t},
                     "dimension = " + std::to_string(dim) + " : i64")[0];
+}
+
+Value Builder::static_shape(Value x) {
+  if (!x.type.dynamic) return x;
+  Type plain = x.type;
+  plain.dynamic = false;
+  plain.printed_dynamic = 0;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    Type bounded = plain;
+    bounded.printed_dynamic = uint64_t{1} << d;
+    Value q = emit_typed("convert", {x}, {bounded})[0];
+    x = emit_typed("set_dimension_size", {q, constant_int(x.shape()[d], DType::S32)}, {plain},
+                   "dimension = " + std::to_string(d) + " : i64")[0];
+  }
+  return x;
 }
 
 Value Builder::dim_size(Value x, int64_t dim, DType t) {

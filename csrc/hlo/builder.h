@@ -208,12 +208,23 @@ class Builder {
   // x[idx[i...]] = updates[i...] for a 1-D x: idx has updates' shape plus a trailing 1;
   // positions out of range are skipped. updates keeps its shape (a dynamic one masks its padding).
   Value scatter_nd(Value x, Value idx, Value updates);
+  // Rows of a 1-D x: out[i..., j] = x[starts[i...] + j] for j < w (a start past len - w is
+  // clamped to it), and the write of such rows (a row whose window leaves x is skipped).
+  Value take_rows(Value x, Value starts, int64_t w);
+  Value scatter_rows(Value x, Value starts, Value rows);
+  // The last-dim rows of x at idx (shape [R, rank - 1], in range): out[r, :] = x[idx[r], :].
+  // x may have dynamic dims (they are indexed, so the result is static).
+  Value take_rows_at(Value x, Value idx);
   Value sort_dim(Value x, int64_t dim, bool descending, Value* indices);
 
   // ---- bounded dynamic sizes (see Type::dynamic)
   // x with dim `dim` holding `size` (an s32 scalar) elements at run time; XLA masks
   // what the padding past it would change in every op that uses the result.
   Value set_dimension_size(Value x, Value size, int64_t dim);
+  // x with no run-time sizes: each dim retyped bounded-dynamic, then set to its full size
+  // (XLA then drops the dim's dynamic size; what lay past it stays, as padding). Gathers,
+  // scatters and reshapes of the result treat it as the static array it is in memory.
+  Value static_shape(Value x);
   // The run-time size of dim `dim` of x as a scalar of type t (a constant for a static value).
   Value dim_size(Value x, int64_t dim, DType t = DType::S32);
   // The number of elements of x over `dims` at run time, as a scalar of type t.

@@ -312,3 +312,22 @@ def test_policy_generate_new_prompt_lengths_compile_nothing():
             assert max(counts[2:]) <= 2, counts  # issue 24's target: at most 2 per call after two
     """)
     assert "0 [" in out and "2 [" in out, out
+
+
+def test_reductions_the_sweep_missed():
+    """all / any(dim) / argmax / argmin / bitwise_or / cumsum_ run at a bucket (their OpInfo samples
+    never made a dim dynamic, so the sweep did not list them; generate() calls all() each step)."""
+    torch_tpu.metrics.reset()
+    for n in (3, 5, 7, 8, 11, 16, 2):
+        x = torch.randn(3, n)
+        m, g = x > 0.3, torch.randn(3, n) < 0
+        xt, mt, gt = dyn(x, 1), dyn(m, 1), dyn(g, 1)
+        for f in (lambda a, b, c: b.all(), lambda a, b, c: (a > -5).all(), lambda a, b, c: b.any(1),
+                  lambda a, b, c: b.any(0), lambda a, b, c: a.argmax(1), lambda a, b, c: a.argmax(0),
+                  lambda a, b, c: a.argmax(), lambda a, b, c: a.argmin(1), lambda a, b, c: b | c,
+                  lambda a, b, c: a.clone().cumsum_(1)):
+            expected = f(x, m, g)
+            torch.testing.assert_close(f(xt, mt, gt).cpu(), expected, rtol=1e-5, atol=1e-5)
+    ran = torch_tpu.metrics.report()["bucketed_ops"]
+    for op in ("aten::all", "aten::any.dim", "aten::argmax", "aten::argmin", "aten::bitwise_or.Tensor", "aten::cumsum_"):
+        assert ran.get(op, 0) > 0, (op, ran)
