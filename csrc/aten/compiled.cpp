@@ -31,6 +31,8 @@ struct Layout {
   int64_t capacity = 0;  // > 0: a dynamic storage
   std::vector<std::pair<int64_t, int64_t>> dyn;
   engine::Shape base_sizes, base_strides, base_bound;
+  bool padded = false;  // its buffer holds the base tensor at its bounds (engine.h, Storage::padded)
+  engine::Shape full;   // that shape
 
   static Layout of(const at::Tensor& t) {
     auto st = storage_of(t);
@@ -42,6 +44,8 @@ struct Layout {
       l.base_sizes = st->base_sizes;
       l.base_strides = st->base_strides;
       l.base_bound = st->base_bound;
+      l.padded = st->padded;
+      if (st->padded) l.full = st->full();
     }
     return l;
   }
@@ -51,7 +55,9 @@ struct Layout {
            (!st.typed || st.dtype == storage_dtype) && t.sizes().equals(sizes) && t.strides().equals(strides);
   }
   bool matches(const at::Tensor& t, const engine::Storage& st) const {
-    return same_place(t, st) && (capacity > 0 ? st.dynamic() && st.capacity == capacity : !st.dynamic());
+    return same_place(t, st) && (capacity > 0 ? st.dynamic() && st.capacity == capacity && st.padded == padded &&
+                                                    (!padded || st.full() == full)
+                                              : !st.dynamic());
   }
   void make_dynamic(const engine::StoragePtr& st) const {  // st as the captured storage
     if (capacity <= 0) return;

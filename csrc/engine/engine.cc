@@ -429,6 +429,7 @@ bool row_access(const View& v, const Shape& value_shape) {
     return false;
   const Storage& st = *v.st;
   if (!st.padded) return true;
+  if (st.typed && st.dtype != v.dtype) return false;
   int64_t w = st.base_sizes.back();
   if (st.base_bound.back() > 0 || v.offset % w + v.sizes[r - 1] > w) return false;
   for (size_t i = 0; i + 1 < r; ++i)
@@ -461,6 +462,17 @@ Value Graph::runtime_positions(const View& v, const Shape& shape) {
   }
   const Storage& st = *v.st;
   if (!st.padded) return acc;
+  // a view of another element type (view_as_real, x.view(torch.int8)): positions in its
+  // elements, r of them to a storage element, or a storage element to k of them
+  int64_t vi = hlo::itemsize(v.dtype), si = hlo::itemsize(st.dtype);
+  Value sub;
+  if (vi < si) {
+    Value r = b.constant_int(si / vi, DType::S64, shape);
+    sub = b.binary("remainder", acc, r);
+    acc = b.div(acc, r);
+  } else if (vi > si) {
+    acc = b.mul(acc, b.constant_int(vi / si, DType::S64, shape));
+  }
   Shape full = st.full();
   size_t k = st.base_sizes.size();
   Value q;
@@ -485,7 +497,10 @@ Value Graph::runtime_positions(const View& v, const Shape& shape) {
     F *= full[j];
     dyn_after |= st.base_bound[j] > 0;
   }
-  return q.valid() ? q : b.zeros(DType::S64, shape);
+  if (!q.valid()) q = b.zeros(DType::S64, shape);
+  if (vi < si) return b.add(b.mul(q, b.constant_int(si / vi, DType::S64, shape)), sub);
+  if (vi > si) return b.div(q, b.constant_int(vi / si, DType::S64, shape));
+  return q;
 }
 
 Value Graph::load_runtime(const View& v) {
@@ -529,10 +544,10 @@ Value Graph::load_runtime(const View& v) {
 }
 
 // Writes of a bucketed value: dims of the value beyond the view's real sizes are padding.
-// The base tensor of a padded storage is the value itself (made static: a program's result
-// has a static shape); a packed storage's whole tensor is gathered from the value in
-// PyTorch's order; any other view is a scatter over the value's shape (by rows where they
-// are contiguous) whose positions past a real size are out of range (dropped).
+// A view that regroups a padded storage's base tensor writes the value itself (made static:
+// a program's result has a static shape, and what lay past a run-time size stays as
+// padding); any other view is a scatter over the value's shape (by rows where they are
+// contiguous) whose positions past a real size are out of range (dropped).
 void Graph::store_runtime(const View& v, Value value) {
   if (hlo::numel(v.sizes) == 0) return;
   if (value.dtype() != v.dtype) value = b.convert(value, v.dtype);
@@ -559,10 +574,6 @@ void Graph::store_runtime(const View& v, Value value) {
     Value next = b.reshape(b.transpose(b.reshape(plain, squeezed), perm), {hlo::numel(U)});
     if (hlo::numel(U) < N) next = b.pad(next, b.zeros(next.dtype(), {}), {0}, {N - hlo::numel(U)}, {0});
     return finish_store(v, value, reinterpret(b, next, v.st->dtype), true);
-  }
-  if (U == vs && !v.st->padded && v.has_dynamic_dims() && whole_row_major(v)) {
-    Value next = whole_store(v, plain, N);
-    if (next.valid()) return finish_store(v, value, reinterpret(b, next, v.st->dtype), true);
   }
   bool rows = v.has_dynamic_dims() && row_access(v, U) && U.back() <= N;
   Shape P = U;  // one position per element, or per row
@@ -598,32 +609,6 @@ void Graph::finish_store(const View& v, Value value, Value next, bool forward) {
     e.last.op = ops.size();
   }
   ++stores_;
-}
-
-// The next flat value of a packed storage when a store through v (whole, row-major, rows
-// contiguous) writes every real element: the value's rows in PyTorch's order, gathered from
-// the (static) value itself: buffer row r holds the value's row at r's indices
-// i_j = (r / S_j) % n_j (S_j v's row strides, n_j its sizes, parameters where dynamic).
-// No scatter into the old buffer. Invalid where v's rows are not contiguous.
-Value Graph::whole_store(const View& v, Value value, int64_t N) {
-  Shape vs = v.value_shape();
-  if (!row_access(v, vs) || vs.back() > N) return Value{};
-  int64_t w = vs.back(), rows = N / w, k = static_cast<int64_t>(vs.size()) - 1;
-  Shape R{rows, 1};
-  Value r = b.iota(DType::S64, R, 0);
-  std::vector<Value> idx;
-  for (int64_t j = 0; j < k; ++j) {
-    Value i = b.div(r, b.broadcast_in_dim(scalar_param(static_cast<double>(v.strides[j] / w), true, DType::S64), R, {}));
-    if (j > 0) {
-      Value n = v.bound.empty() || v.bound[j] == 0 ? b.constant_int(v.sizes[j], DType::S64)
-                                                   : scalar_param(static_cast<double>(v.sizes[j]), true, DType::S64);
-      i = b.binary("remainder", i, b.broadcast_in_dim(n, R, {}));
-    }
-    idx.push_back(b.clamp(b.constant_int(0, DType::S64), i, b.constant_int(vs[j] - 1, DType::S64)));
-  }
-  Value got = b.reshape(b.take_rows_at(value, idx.size() == 1 ? idx[0] : b.concatenate(idx, 1)), {rows * w});
-  if (rows * w == N) return got;  // what follows the real elements is padding
-  return b.pad(got, b.zeros(got.dtype(), {}), {0}, {N - rows * w}, {0});
 }
 
 bool Graph::forwards(const View& v) const {

@@ -275,7 +275,6 @@ class Graph {
   Value load_runtime(const View& v);
   void store_runtime(const View& v, Value value);
   Value runtime_positions(const View& v, const Shape& shape);
-  Value whole_store(const View& v, Value value, int64_t N);
   char access(const View& v, const Shape& vs) const;
   void finish_store(const View& v, Value value, Value next, bool forward);
   std::vector<Entry> entries_;

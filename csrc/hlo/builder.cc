@@ -3,7 +3,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <sstream>
 
 namespace tt::hlo {
@@ -771,19 +770,6 @@ Value Builder::take_rows(Value x, Value starts, int64_t w) {
                       "], start_index_map = [0], index_vector_dim = " + std::to_string(r) +
                       ">, slice_sizes = " + i64_array({w}) + ", indices_are_sorted = false";
   return emit("gather", {x, reshape(convert(starts, DType::S64), ishape)}, Type{x.dtype(), out}, attrs);
-}
-
-Value Builder::take_rows_at(Value x, Value idx) {
-  int64_t k = x.rank() - 1;
-  if (k < 1 || idx.rank() != 2 || idx.shape()[1] != k) throw BuildError("take_rows_at: one index per outer dim");
-  std::vector<int64_t> dims(k);
-  std::iota(dims.begin(), dims.end(), 0);
-  Shape slice(k, 1);
-  slice.push_back(x.shape().back());
-  std::string attrs = "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [" + join(dims) +
-                      "], start_index_map = [" + join(dims) + "], index_vector_dim = 1>, slice_sizes = " +
-                      i64_array(slice) + ", indices_are_sorted = false";
-  return emit_typed("gather", {x, convert(idx, DType::S64)}, {Type{x.dtype(), {idx.shape()[0], x.shape().back()}}}, attrs)[0];
 }
 
 Value Builder::scatter_rows(Value x, Value starts, Value rows) {

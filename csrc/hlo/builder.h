@@ -212,9 +212,6 @@ class Builder {
   // clamped to it), and the write of such rows (a row whose window leaves x is skipped).
   Value take_rows(Value x, Value starts, int64_t w);
   Value scatter_rows(Value x, Value starts, Value rows);
-  // The last-dim rows of x at idx (shape [R, rank - 1], in range): out[r, :] = x[idx[r], :].
-  // x may have dynamic dims (they are indexed, so the result is static).
-  Value take_rows_at(Value x, Value idx);
   Value sort_dim(Value x, int64_t dim, bool descending, Value* indices);
 
   // ---- bounded dynamic sizes (see Type::dynamic)
