@@ -171,3 +171,29 @@ TEST(Builder, ScatterNdKeepsTheUpdatesShape) {
   EXPECT_NE(text.find("index_vector_dim = 2"), std::string::npos) << text;
   EXPECT_THROW(b.scatter_nd(upd, idx, upd), BuildError);
 }
+
+// A dynamic value made static again: each dim retyped bounded-dynamic and set to its full size
+// (XLA drops the run-time size only for a dim its type says is dynamic).
+TEST(Builder, StaticShapeDropsRunTimeSizes) {
+  Builder b;
+  Value x = b.param(Type{DType::F32, {4, 8}});
+  Value n = b.param(Type{DType::S32, {}});
+  EXPECT_EQ(b.static_shape(x).id, x.id);  // a static value as it is
+  Value s = b.static_shape(b.set_dimension_size(x, n, 1));
+  EXPECT_FALSE(s.type.dynamic);
+  EXPECT_EQ(s.shape(), (Shape{4, 8}));
+  std::string text = b.module({s});
+  EXPECT_NE(text.find("-> tensor<?x8xf32, #stablehlo.bounds<4, ?>>"), std::string::npos) << text;
+  EXPECT_NE(text.find("-> tensor<4x?xf32, #stablehlo.bounds<?, 8>>"), std::string::npos) << text;
+}
+
+TEST(Builder, RowsOfAFlatArray) {
+  Builder b;
+  Value flat = b.param(Type{DType::F32, {24}});
+  Value starts = b.param(Type{DType::S64, {2, 3}});
+  Value rows = b.take_rows(flat, starts, 4);
+  EXPECT_EQ(rows.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(b.scatter_rows(flat, starts, rows).shape(), (Shape{24}));
+  EXPECT_THROW(b.take_rows(flat, starts, 25), BuildError);
+  EXPECT_THROW(b.scatter_rows(flat, starts, flat), BuildError);
+}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "engine/engine.h"
@@ -150,4 +151,52 @@ TEST(Engine, DynamicStorageServesItsBucket) {
     compiled += e.metrics.compiles.load() - before;
   }
   EXPECT_LE(compiled, 1);
+}
+
+// A dynamic storage of a whole row-major tensor holds it padded at its bounds: host writes and
+// reads go through that layout, and every view (a permutation, a merge, a column, another
+// element type) reads and writes the elements PyTorch's layout names.
+TEST(Engine, PaddedStorageViewsReadAndWriteTheirElements) {
+  client();
+  using namespace tt::engine;
+  auto& e = Engine::get();
+  e.set_mode(Mode::Strict);
+  const int64_t B = 2, n = 5, D = 3;  // [B, n, D], n dynamic in bucket 8
+  auto st = std::make_shared<Storage>(B * n * D * 4, 0);
+  st->dtype = hlo::DType::F32;
+  st->typed = true;
+  e.make_dynamic(st, {B, n, D}, {n * D, D, 1}, {0, 8, 0});
+  EXPECT_TRUE(st->padded);
+  EXPECT_EQ(st->elements(), B * 8 * D);
+  std::vector<float> host(B * n * D);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i);
+  e.write(View{st, 0, {B, n, D}, {n * D, D, 1}, hlo::DType::F32}, host.data());
+  auto read = [&](const View& v) {
+    std::vector<float> r(static_cast<size_t>(hlo::numel(v.sizes)));
+    e.read(e.dynamic_view(v), r.data());
+    return r;
+  };
+  EXPECT_EQ(read(View{st, 0, {B, n, D}, {n * D, D, 1}, hlo::DType::F32}), host);
+  // the base with its last two dims swapped: [B, D, n]
+  std::vector<float> t = read(View{st, 0, {B, D, n}, {n * D, 1, D}, hlo::DType::F32});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t d = 0; d < D; ++d)
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(t[(b * D + d) * n + i], host[(b * n + i) * D + d]);
+  // [B*n, D]: rows from both batch entries
+  EXPECT_EQ(read(View{st, 0, {B * n, D}, {D, 1}, hlo::DType::F32}), host);
+  // one column written: x[:, :, 2] = 100 + k
+  std::vector<float> col(B * n);
+  for (size_t k = 0; k < col.size(); ++k) col[k] = 100.0f + static_cast<float>(k);
+  e.write(e.dynamic_view(View{st, 2, {B, n}, {n * D, D}, hlo::DType::F32}), col.data());
+  std::vector<float> want = host;
+  for (int64_t k = 0; k < B * n; ++k) want[k * D + 2] = col[k];
+  EXPECT_EQ(read(View{st, 0, {B, n, D}, {n * D, D, 1}, hlo::DType::F32}), want);
+  // the same bytes as int32
+  std::vector<int32_t> bits(B * n * D);
+  e.read(e.dynamic_view(View{st, 0, {B, n, D}, {n * D, D, 1}, hlo::DType::S32}), bits.data());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(std::memcmp(&bits[i], &want[i], 4), 0) << i;
+  // back to a static storage: the same values in PyTorch's layout
+  e.make_static(st);
+  EXPECT_FALSE(st->padded);
+  EXPECT_EQ(read(View{st, 0, {B, n, D}, {n * D, D, 1}, hlo::DType::F32}), want);
 }
