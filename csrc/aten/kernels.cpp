@@ -193,6 +193,24 @@ void sig_tensor(std::string& k, const at::Tensor& t) {
   sig_append(k, t.strides().data(), d * sizeof(int64_t));
 }
 
+// A tensor's layout as far as it holds for every size in a bucket: the order of its dims
+// by stride (size-1 dims left out), and its strides themselves where it is not dense.
+void layout_key(std::string& k, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<int64_t> order;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] != 1) order.push_back(static_cast<int64_t>(i));
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  int64_t expect = 1;
+  bool dense = true;
+  for (size_t i = order.size(); i-- > 0;) {
+    dense = dense && strides[order[i]] == expect;
+    expect *= sizes[order[i]];
+  }
+  k += dense ? 'd' : 's';
+  for (int64_t d : order) k += static_cast<char>(d);
+  if (!dense) sig_append(k, strides.data(), strides.size() * sizeof(int64_t));
+}
+
 // Signature of the arguments for the meta cache: tensors by metadata, numbers
 // by type (floats by value too for factories, whose output shape may depend on
 // them); ints always by value.
@@ -1343,6 +1361,9 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (out_bounds[k].size() != sizes.size()) out_bounds[k].clear();
   }
   std::string rec_key = bk.active ? bk.key : key;
+  if (bk.active)  // the key at the bounds has contiguous stand-ins: the outputs' real layouts shape their stores
+    for (size_t k = 0; k < meta.rets.size(); ++k)
+      if (meta.rets[k].defined && info.ret_alias[k] < 0) layout_key(rec_key, meta.rets[k].sizes, meta.rets[k].strides);
   if (!bk.bucketed)
     for (const auto& ob : out_bounds)
       if (std::any_of(ob.begin(), ob.end(), [](int64_t b) { return b > 0; })) {
