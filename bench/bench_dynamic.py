@@ -6,6 +6,7 @@ policy and the compile caches start cold; no disk cache):
   python bench/bench_dynamic.py --only train     # (b)
   python bench/bench_dynamic.py --only compiled  # (c)
   python bench/bench_dynamic.py --only compile-cost  # (d)
+  python bench/bench_dynamic.py --only steady    # (e)
 
 (a) HF tiny LlamaForCausalLM (vocab 256, hidden 64, 2 layers, 4 heads / 2 KV heads, random
     weights) `generate(max_new_tokens=24)` with the default dynamic KV cache, greedy, for 10
@@ -21,6 +22,9 @@ policy and the compile caches start cold; no disk cache):
 (d) what one compile costs on this plugin by program size: DeferAndFuse programs of k chained
     elementwise ops on a [64, 64] tensor (k = 1, 10, 100, 1000), and the same at a bucket
     (a dynamic dim: the dynamic padder's passes), seconds per compile.
+(e) (a)'s model in the steady state: after prompts of 5 and 9 tokens, 5 calls with a prompt of
+    23, bucketed (the default) against the same at fixed shapes (TORCH_TPU_DYNAMIC=0, every
+    program cached): seconds per call, ops dispatched per call, and CPU eager's seconds.
 """
 import argparse
 import json
@@ -133,9 +137,37 @@ for dynamic in (False, True):
 print(json.dumps(rows))
 """
 
+STEADY = r"""
+import json, time, torch, torch_tpu
+from transformers import LlamaConfig, LlamaForCausalLM
+cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
+torch.manual_seed(0)
+cpu = LlamaForCausalLM(cfg).eval()
+tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
+torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
+kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+def gen(m, L, dev):
+    ids = torch.randint(2, 256, (1, L), generator=torch.Generator().manual_seed(L))
+    with torch.no_grad():
+        m.generate(input_ids=ids.to(dev), attention_mask=torch.ones_like(ids).to(dev), **kw).cpu()
+for L in (5, 9, 23):
+    gen(tpu, L, "tpu")
+m0 = torch_tpu.metrics.report(); t0 = time.perf_counter()
+for _ in range(5):
+    gen(tpu, 23, "tpu")
+t1 = time.perf_counter(); m1 = torch_tpu.metrics.report()
+for _ in range(5):
+    gen(cpu, 23, "cpu")
+t2 = time.perf_counter()
+print(json.dumps(dict(tpu=(t1 - t0) / 5, cpu=(t2 - t1) / 5, ops=(m1["ops"] - m0["ops"]) / 5,
+                      compiles=m1["compiles"] - m0["compiles"])))
+"""
 
-def fresh(code):
-    env = dict(os.environ, TORCH_TPU_CACHE_DIR="")
+
+def fresh(code, **env_extra):
+    env = dict(os.environ, TORCH_TPU_CACHE_DIR="", **env_extra)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(out.stderr[-4000:])
@@ -184,11 +216,22 @@ def compile_cost():
     print()
 
 
+def steady():
+    print("## (e) generate() in the steady state (prompt 23, 5 calls): bucketed vs fixed shapes\n")
+    print("| mode | shapes | s per call | CPU eager s | tpu / CPU | ops per call | compiles |\n|---|---|---|---|---|---|---|")
+    for mode in ("DEFER_NEVER", "DEFER_AND_FUSE"):
+        for label, env in (("bucketed", {}), ("fixed (TORCH_TPU_DYNAMIC=0)", {"TORCH_TPU_DYNAMIC": "0"})):
+            r = fresh(STEADY % {"mode": mode}, **env)
+            print(f"| {mode} | {label} | {r['tpu']:.3f} | {r['cpu']:.3f} | {r['tpu'] / r['cpu']:.1f}x | {r['ops']:.0f} | {r['compiles']} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["generate", "train", "compiled", "compile-cost"])
+    ap.add_argument("--only", choices=["generate", "train", "compiled", "compile-cost", "steady"])
     a = ap.parse_args()
-    for name, fn in (("generate", generate), ("train", train), ("compiled", compiled), ("compile-cost", compile_cost)):
+    for name, fn in (("generate", generate), ("train", train), ("compiled", compiled), ("compile-cost", compile_cost),
+                     ("steady", steady)):
         if a.only in (None, name):
             fn()
 
