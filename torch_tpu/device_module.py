@@ -1,6 +1,7 @@
 """The `torch.tpu` module: the device API a CUDA user expects, for device `tpu`."""
 import contextlib
 import enum
+import os
 import threading
 
 import torch
@@ -13,6 +14,7 @@ __all__ = [
     "get_rng_state_all", "set_rng_state_all", "is_bf16_supported", "get_amp_supported_dtype",
     "get_device_name", "get_device_properties", "Stream", "Event", "current_stream", "default_stream", "stream",
     "empty_cache", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats",
+    "memory_reserved", "max_memory_reserved", "mem_get_info",
     "is_initialized", "init", "Precision", "set_matmul_precision", "get_matmul_precision", "precision",
 ]
 
@@ -153,11 +155,38 @@ class _Properties:
         self.platform = _C.platform_name()
         self.platform_version = _C.platform_version()
         self.index = idx
-        stats = _C.device_memory_stats(idx)
-        self.total_memory = stats.get("bytes_limit", 0)
+        self.total_memory = _total_memory(idx)
 
     def __repr__(self):
         return f"_TpuDeviceProperties(name='{self.name}', total_memory={self.total_memory})"
+
+
+def _host_memory():
+    """(available, total) bytes of this machine's memory (/proc/meminfo; sysconf elsewhere)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
+        return info.get("MemAvailable", total), info.get("MemTotal", total)
+    except OSError:
+        return total, total
+
+
+def _total_memory(idx):
+    # the plugin's limit; the CPU plugin reports none: its buffers are host memory
+    limit = _C.device_memory_stats(idx).get("bytes_limit", 0)
+    return limit if limit > 0 else _host_memory()[1]
+
+
+def mem_get_info(device=None):
+    """(free, total) bytes of the device's memory, as torch.cuda.mem_get_info (the CPU plugin: the
+    host's available and total memory)."""
+    idx = _index(device)
+    stats = _C.device_memory_stats(idx)
+    limit = stats.get("bytes_limit", 0)
+    if limit > 0:
+        return max(limit - stats.get("bytes_in_use", 0), 0), limit
+    return _host_memory()
 
 
 def get_device_properties(device=None):
@@ -255,13 +284,33 @@ def reset_peak_memory_stats(device=None):
     _C.reset_peak_buffer_bytes()
 
 
+def memory_reserved(device=None):
+    """Bytes of device buffers that exist (tensors whose values are still deferred have none)."""
+    return _C.buffer_bytes()
+
+
+def max_memory_reserved(device=None):
+    return _C.peak_buffer_bytes()
+
+
 def memory_stats(device=None):
+    """torch.cuda.memory_stats's keys that apply: allocated / active bytes (the tensors' storages;
+    no caching allocator sits between them, so active equals allocated), reserved bytes (the
+    device buffers that exist), and the plugin's own figures under ``device.``."""
+    allocated, peak = _C.memory_allocated(), _C.max_memory_allocated()
+    buffers, buffers_peak = _C.buffer_bytes(), _C.peak_buffer_bytes()
     stats = {
-        "allocated_bytes.all.current": _C.memory_allocated(),
-        "allocated_bytes.all.peak": _C.max_memory_allocated(),
+        "allocated_bytes.all.current": allocated,
+        "allocated_bytes.all.peak": peak,
+        "active_bytes.all.current": allocated,
+        "active_bytes.all.peak": peak,
+        "reserved_bytes.all.current": buffers,
+        "reserved_bytes.all.peak": buffers_peak,
         # bytes of device buffers that exist (deferred or fused-away tensors have none)
-        "buffer_bytes.all.current": _C.buffer_bytes(),
-        "buffer_bytes.all.peak": _C.peak_buffer_bytes(),
+        "buffer_bytes.all.current": buffers,
+        "buffer_bytes.all.peak": buffers_peak,
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
     }
     for k, v in _C.device_memory_stats(_index(device)).items():
         stats[f"device.{k}"] = v

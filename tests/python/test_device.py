@@ -193,3 +193,24 @@ def test_module_to_moves_parameters_in_place(highest):
     torch.testing.assert_close(w.cpu(), ref[0].weight.detach(), rtol=1e-5, atol=1e-6)
     model.to("cpu")
     assert emb.weight is w and w.device.type == "cpu"
+
+
+def test_memory_figures_as_cuda_reports_them():
+    """What TorchTitan's memory monitor and vLLM's profiler read: a total memory (the CPU plugin
+    reports none of its own: its buffers are host memory, so the host's), mem_get_info, and
+    memory_stats with CUDA's keys (TorchTitan divided by total_memory == 0)."""
+    props = torch.tpu.get_device_properties(0)
+    assert props.total_memory > 0 and props.name == torch.tpu.get_device_name(0)
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total and total == props.total_memory
+    torch.tpu.reset_peak_memory_stats()
+    z = torch.ones(1 << 20, device="tpu")
+    z.sum().item()  # the buffer exists now
+    s = torch.tpu.memory_stats()
+    for k in ("active_bytes.all.peak", "active_bytes.all.current", "reserved_bytes.all.peak",
+              "allocated_bytes.all.peak", "num_alloc_retries", "num_ooms"):
+        assert k in s, k
+    assert s["active_bytes.all.peak"] >= 4 << 20
+    assert s["reserved_bytes.all.current"] >= 4 << 20 and torch.tpu.memory_reserved() >= 4 << 20
+    assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
+    del z
