@@ -36,7 +36,8 @@ import textwrap
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-GENERATE = r"""
+# (a) and (e): the tiny Llama on CPU and on tpu, the same weights
+LLAMA = r"""
 import json, time, torch, torch_tpu
 from transformers import LlamaConfig, LlamaForCausalLM
 cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -45,6 +46,9 @@ cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hid
 torch.manual_seed(0)
 cpu = LlamaForCausalLM(cfg).eval()
 tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
+"""
+
+GENERATE = LLAMA + r"""
 torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
 torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
 rows = []
@@ -137,15 +141,7 @@ for dynamic in (False, True):
 print(json.dumps(rows))
 """
 
-STEADY = r"""
-import json, time, torch, torch_tpu
-from transformers import LlamaConfig, LlamaForCausalLM
-cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
-torch.manual_seed(0)
-cpu = LlamaForCausalLM(cfg).eval()
-tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
+STEADY = LLAMA + r"""
 torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
 kw = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
 def gen(m, L, dev):
