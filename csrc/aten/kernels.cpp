@@ -132,8 +132,9 @@ struct MetaOut {
 struct MetaResult {
   std::vector<MetaOut> rets;
   // the sizes the bounded-dynamism policy made dynamic for this signature (decided on
-  // its first call, see plan_bucketing)
+  // its first call, and again on a call after some site turned dynamic, see plan_bucketing)
   bool seeded = false;
+  int64_t seed_generation = 0;
   std::vector<int64_t> seeds;
 };
 
@@ -556,7 +557,9 @@ void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
 // "file.py:123 (in fn)" of the innermost Python frame outside torch and
 // torch_tpu, or "" when no Python code is running on this thread (autograd's
 // backward threads). Used to name the line of a failing op in deferred programs.
-std::string python_site() {
+// With `inner`, the innermost frame of all (a line in torch.nn or torch.optim) comes
+// first: the size policy tells apart calls that the user's line alone would not.
+std::string python_site(bool inner = false) {
   if (!Py_IsInitialized()) return "";
   pybind11::gil_scoped_acquire gil;
   PyFrameObject* f = PyEval_GetFrame();
@@ -590,6 +593,7 @@ std::string python_site() {
   }
   if (f) Py_DECREF(f);
   if (out.empty()) out = describe(first);
+  else if (inner && first != f) out = describe(first) + " < " + out;
   Py_DECREF(first);
   if (PyErr_Occurred()) PyErr_Clear();
   return out;
@@ -699,17 +703,16 @@ bool is_number(const c10::Argument& a) {
          (k == c10::TypeKind::OptionalType && a.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::NumberType);
 }
 
-// A policy site: the call's signature with every size equal to n (in tensors and size
-// lists) left out, with no strides (they follow the sizes) and no Python numbers (values,
-// not structure). The same n in several places (a square mask, both operands of an add)
-// is one site.
+// A policy site: the call's structure (its op, dtypes and ranks) with the places that hold
+// n marked, and no other sizes, strides (they follow the sizes) or Python numbers (values,
+// not structure); plan_bucketing adds the lines that made the call. The same n in several
+// places (a square mask, both operands of an add) is one site. Other sizes are left out so
+// that a size's history survives the others' changes: a batch of 7 that drops to 2 in an
+// epoch's last step is a change of the batch, whatever the lengths of both steps.
 std::string policy_site(const c10::OperatorHandle& op, const torch::jit::Stack& args, int64_t n) {
   std::string k;
   sig_append(k, &op.schema(), sizeof(void*));
-  auto size = [&](int64_t x) {
-    if (x == n) x = -1;
-    sig_append(k, &x, sizeof x);
-  };
+  auto size = [&](int64_t x) { k += x == n ? 'n' : '.'; };
   auto tensor = [&](const at::Tensor& t) {
     if (!t.defined()) { k += 'u'; return; }
     k += static_cast<char>(t.scalar_type());
@@ -850,7 +853,11 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
   // (decided on a signature's first call, then applied to every call of it: the same
   // mask built twice in a step is dynamic both times)
   std::vector<int64_t> seeds = meta.seeds;
-  if (safe && !meta.seeded) {
+  // (a signature first seen in the warm-up, when its sizes were still static, is decided
+  // again once a site has turned dynamic since: a [6, 68] mask built in step 0 and again
+  // in step 8, after the length went dynamic, is dynamic in step 8)
+  int64_t generation = eng.site_generation();
+  if (safe && (!meta.seeded || meta.seed_generation != generation)) {
     std::vector<int64_t> sizes;
     auto note = [&](int64_t n) {
       if (n >= 2 && std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);
@@ -866,12 +873,18 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
         for (size_t i = 0; i < l.size(); ++i)
           if (l.get(i).isInt()) note(l.get(i).toInt());
       }
+    // the lines that made the call are part of the site: the same op at the same other
+    // sizes elsewhere (AdamW on a [32, 64] weight, a [6, T] mask when T is 64) is not the
+    // size that keeps changing
+    std::string where = sizes.empty() ? std::string() : python_site(/*inner=*/true);
     for (int64_t n : sizes)
-      if (eng.size_changed(policy_site(op, args, n), n)) seeds.push_back(n);
+      if (std::find(seeds.begin(), seeds.end(), n) == seeds.end() && eng.size_changed(policy_site(op, args, n) + where, n))
+        seeds.push_back(n);
     std::lock_guard<std::mutex> lock(g_meta_mu);
     auto it = g_meta_cache.find(sig);
     if (it != g_meta_cache.end()) {
       it->second.seeded = true;
+      it->second.seed_generation = eng.site_generation();
       it->second.seeds = seeds;
     }
   }
@@ -1599,15 +1612,14 @@ void upload_policy(const at::Tensor& dst) {
     return;
   hlo::Shape bound(dst.dim(), 0);
   bool any = false;
+  std::string where;  // the uploading line, as in the op policy (computed once, if needed)
   for (int64_t d = 0; d < dst.dim(); ++d) {
     int64_t n = dst.size(d);
     if (n < 2 || bound[d]) continue;
-    std::string site = "h2d";
+    if (where.empty()) where = "@" + python_site(/*inner=*/true);
+    std::string site = "h2d" + where;  // (the places of n, as policy_site)
     site += static_cast<char>(dst.scalar_type());
-    for (int64_t e = 0; e < dst.dim(); ++e) {
-      int64_t x = dst.size(e) == n ? -1 : dst.size(e);
-      sig_append(site, &x, sizeof x);
-    }
+    for (int64_t e = 0; e < dst.dim(); ++e) site += dst.size(e) == n ? 'n' : '.';
     if (!eng.size_changed(site, n)) continue;
     for (int64_t e = 0; e < dst.dim(); ++e)
       if (dst.size(e) == n) bound[e] = eng.bucket(n);

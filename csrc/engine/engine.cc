@@ -1970,6 +1970,7 @@ bool Engine::size_changed(const std::string& site, int64_t size) {
   if (s.dynamic) return true;
   if (std::find(s.cur.begin(), s.cur.end(), size) == s.cur.end()) s.cur.push_back(size);
   s.dynamic = !s.prev.empty() && std::find(s.prev.begin(), s.prev.end(), size) == s.prev.end();
+  if (s.dynamic) ++site_generation_;
   return s.dynamic;
 }
 

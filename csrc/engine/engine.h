@@ -370,6 +370,9 @@ class Engine {
   // count, and a sequence length that grows step by step, or a batch that differs from the
   // last step's, does from its second value. Off: TORCH_TPU_DYNAMIC=0.
   bool size_changed(const std::string& site, int64_t size);
+  // counts the sites that turned dynamic: a decision taken before (a signature whose sizes
+  // stayed static) is taken again when it moved
+  int64_t site_generation() const { return site_generation_; }
   // st is read or written by a graph not yet run: its device's current graph or a capture
   bool pending(const StoragePtr& st) const {
     auto g = graphs_.find(st->device);
@@ -508,6 +511,7 @@ class Engine {
   int64_t align_ = 128;
   bool dynamism_ = true;
   int64_t epoch_ = 0;
+  int64_t site_generation_ = 0;
   struct SiteSizes {
     int64_t epoch = -1;
     std::vector<int64_t> cur, prev;

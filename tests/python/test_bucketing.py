@@ -348,3 +348,37 @@ def test_outputs_of_other_layouts_do_not_share_a_program(mode):
                 y = h.permute(*perm) * 0.5
                 assert y.stride() == hx.permute(*perm).mul(0.5).stride()
                 torch.testing.assert_close(y.cpu(), hx.permute(*perm) * 0.5)
+
+
+def test_policy_sites_are_lines_and_warm_up_decisions_move():
+    """Two regressions of a user's padded-batch training loop. (1) The policy tells calls apart
+    by the lines that made them: a [6, T] mask and a fixed [6, 64] tensor through the same op
+    met when T was 64, which made the fixed one dynamic (and its batch dim with it). (2) A
+    signature first seen in the warm-up, while its sizes were static (zeros(6, 68) in step 0),
+    is decided again once its size has turned dynamic: in a later step at the same length it is
+    dynamic too, and meets the dynamic mask with no program of its own."""
+    out = _script("""
+        import torch, torch_tpu
+        from torch_tpu.dynamic import get_dynamism_info as info
+        for mode in (torch_tpu.EagerMode.DEFER_NEVER, torch_tpu.EagerMode.DEFER_AND_FUSE):
+            torch_tpu.set_eager_mode(mode)
+            w = torch.randn(6, 64).to("tpu")
+            for T in (40, 47, 52, 64, 58, 64):
+                a = torch.relu(torch.randn(6, T).to("tpu"))
+                b = torch.relu(w)
+                (a.sum() + b.sum()).item()
+            assert info(b) == [], info(b)
+            assert info(a) == [(1, 64, 64)], info(a)
+            counts = []
+            for T in (68, 67, 39, 68, 70):  # (a length the previous loop never had)
+                c0 = torch_tpu.metrics.report()["compiles"]
+                x = torch.ones(6, T).to("tpu") * 2
+                z = torch.zeros(6, T, device="tpu")
+                y = (x + z).sum()
+                y.item()
+                counts.append(torch_tpu.metrics.report()["compiles"] - c0)
+            assert info(z) == [(1, 70, 128)], info(z)
+            print(int(mode), counts)
+            assert counts[3] == 0 and counts[4] == 0, counts
+    """)
+    assert "0 [" in out and "2 [" in out, out
