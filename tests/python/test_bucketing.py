@@ -382,3 +382,45 @@ def test_policy_sites_are_lines_and_warm_up_decisions_move():
             assert counts[3] == 0 and counts[4] == 0, counts
     """)
     assert "0 [" in out and "2 [" in out, out
+
+
+def test_policy_short_last_batch_then_new_lengths():
+    """A padded-batch loop whose epoch ends in a short batch (7 -> 2 -> 7) while the lengths keep
+    changing: the batch turns dynamic once and for all (its history is kept per line, whatever
+    the lengths), so later steps at new lengths compile nothing; losses match CPU."""
+    out = _script("""
+        import math, torch, torch.nn as nn, torch_tpu
+        torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE)
+        torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+        class M(nn.Module):
+            def __init__(s):
+                super().__init__(); s.tok = nn.Embedding(50, 24); s.pos = nn.Embedding(64, 24)
+                s.qkv = nn.Linear(24, 72); s.out = nn.Linear(24, 50)
+            def forward(s, idx):
+                B, T = idx.shape
+                x = s.tok(idx) + s.pos(torch.arange(T, device=idx.device))
+                q, k, v = s.qkv(x).split(24, dim=2)
+                att = (q @ k.transpose(1, 2)) / math.sqrt(24)
+                mask = torch.tril(torch.ones(T, T, device=idx.device))
+                att = att.masked_fill(mask == 0, float("-inf")).softmax(-1)
+                return s.out(x + att @ v)
+        shapes = [(7, 20), (7, 22), (7, 25), (2, 23), (7, 23), (7, 26), (7, 21), (7, 27), (7, 24), (7, 29)]
+        def run(dev):
+            torch.manual_seed(0)
+            m = M().to(dev); opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+            g = torch.Generator().manual_seed(0); losses, counts = [], []
+            for B, T in shapes:
+                b = torch.randint(1, 50, (B, T), generator=g)
+                c0 = torch_tpu.metrics.report()["compiles"]
+                b = b.to(dev)
+                loss = nn.functional.cross_entropy(m(b[:, :-1]).reshape(-1, 50), b[:, 1:].reshape(-1), ignore_index=0)
+                opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
+                counts.append(torch_tpu.metrics.report()["compiles"] - c0)
+            return losses, counts
+        cpu, _ = run("cpu")
+        tpu, counts = run("tpu")
+        assert max(abs(a - b) for a, b in zip(cpu, tpu)) < 1e-3, (cpu, tpu)
+        print("counts", counts)
+        assert sum(counts[6:]) == 0, counts
+    """)
+    assert "counts" in out
