@@ -4,11 +4,13 @@
 // the list; TORCH_TPU_BUCKET_ALL_RULES=1 tries every rule). Left out, because they fail there:
 // scatter / index_put / masked_scatter (padded indices), convolution, adaptive pooling,
 // reflection / replication pads, upsampling, roll, batch_norm's inference form, LU / Cholesky /
-// FFT, advanced indexing (index.Tensor: _unsafe_masked_index differs); and, because they
+// FFT; and, because they
 // fail in tests/python/test_ops.py and test_reliability.py though the sweep passed them:
 // pooling (ceil_mode / padding), bucketize and histogram (padded boundaries). Added by hand
 // (their OpInfo samples never made a dim dynamic; checked in tests/python/test_bucketing.py,
-// test_reductions_the_sweep_missed): all, any.dim, argmax, argmin, bitwise_or, cumsum_.
+// test_reductions_the_sweep_missed): all, any.dim, argmax, argmin, bitwise_or, cumsum_; and
+// index.Tensor (advanced indexing: its gather keeps the broadcast index dims whole; the sweep
+// passes __getitem__ and _unsafe_masked_index with it; test_advanced_indexing_at_a_bucket).
 #include <string>
 #include <unordered_set>
 
@@ -43,7 +45,7 @@ const std::unordered_set<std::string>& bucketed_rules() {
       "aten::gt.Scalar", "aten::gt.Tensor", "aten::hardshrink", "aten::hardsigmoid",
       "aten::hardswish", "aten::hardtanh", "aten::heaviside",
       "aten::huber_loss", "aten::huber_loss_backward", "aten::hypot", "aten::i0",
-      "aten::index_fill_.int_Tensor", "aten::index_select", "aten::isin.Tensor_Tensor", "aten::isinf",
+      "aten::index_fill_.int_Tensor", "aten::index.Tensor", "aten::index_select", "aten::isin.Tensor_Tensor", "aten::isinf",
       "aten::isnan", "aten::isneginf", "aten::isposinf", "aten::kthvalue",
       "aten::le.Scalar", "aten::le.Tensor", "aten::leaky_relu", "aten::lerp.Scalar",
       "aten::lgamma", "aten::linalg_cross", "aten::linalg_vector_norm", "aten::log",

@@ -80,7 +80,7 @@ V scatter_along(Ctx& c, bool add, bool src_is_tensor) {
 
 struct Advanced {
   std::vector<int64_t> dims;  // indexed dims of self
-  Value coords;               // [N, dims.size()]
+  Value coords;               // [bshape..., dims.size()] (no dims merged: a dynamic one stays whole)
   Shape bshape;               // broadcast index shape
   bool adjacent;              // indexed dims consecutive: result dims go at dims[0]
 };
@@ -108,15 +108,18 @@ Advanced advanced(Ctx& c, Value x, const std::vector<Value>& indices) {
   }
   a.adjacent = true;
   for (size_t i = 1; i < a.dims.size(); ++i) a.adjacent &= a.dims[i] == a.dims[i - 1] + 1;
-  int64_t n = hlo::numel(a.bshape);
+  Shape cshape = a.bshape;
+  cshape.push_back(1);
+  std::vector<int64_t> keep;
+  for (size_t i = 0; i < a.bshape.size(); ++i) keep.push_back(static_cast<int64_t>(i));
   std::vector<Value> comps;
   for (size_t i = 0; i < idx.size(); ++i) {
     Extent size(b, x, a.dims[i]);
     check_range(c, idx[i], size.negated(b), size, true, oob(static_cast<int64_t>(i), size));  // CPU numbers the index tensors
     Value w = wrap_index(b, b.broadcast_to(idx[i], a.bshape), size);
-    comps.push_back(b.reshape(w, {n, 1}));
+    comps.push_back(b.broadcast_in_dim(w, cshape, keep));
   }
-  a.coords = b.concatenate(comps, 1);
+  a.coords = b.concatenate(comps, static_cast<int64_t>(a.bshape.size()));
   return a;
 }
 
@@ -396,9 +399,7 @@ void register_indexing() {
       if (sizes[d] == 0) throw UserError("index is out of bounds for dimension with size 0");
       sizes[d] = 1;
     }
-    Shape ishape = a.bshape;
-    ishape.push_back(static_cast<int64_t>(a.dims.size()));
-    Value coords = b.reshape(a.coords, ishape);
+    Value coords = a.coords;
     std::string attrs = "dimension_numbers = #stablehlo.gather<" +
                         (offset_dims.empty() ? std::string() : "offset_dims = [" + hlo::join(offset_dims) + "], ") +
                         "collapsed_slice_dims = [" + hlo::join(a.dims) + "], start_index_map = [" +
@@ -426,7 +427,8 @@ void register_indexing() {
     for (int64_t s : rest) us.push_back(s);
     vals = b.reshape(vals, us);
     bool acc = c.flag_or(3, false);
-    return {b.scatter(x, a.coords, vals, a.dims, acc ? "add" : "")};
+    Value coords = b.reshape(a.coords, {hlo::numel(a.bshape), static_cast<int64_t>(a.dims.size())});
+    return {b.scatter(x, coords, vals, a.dims, acc ? "add" : "")};
   });
   // index_add(x, dim, idx, src, alpha) = x with x[.., idx[i], ..] += alpha * src[.., i, ..]
   add_rule("aten::index_add", [](Ctx& c) -> V {

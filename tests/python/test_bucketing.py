@@ -424,3 +424,36 @@ def test_policy_short_last_batch_then_new_lengths():
         assert sum(counts[6:]) == 0, counts
     """)
     assert "counts" in out
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_advanced_indexing_at_a_bucket(mode):
+    """x[i, j] with broadcast index tensors (the padding-mask lookup of transformers' masking
+    utils, mask[batch_idx[:, None, None, None], kv_idx[None, None, None, :]]) runs at the bucket:
+    results equal CPU's for sizes in one bucket with no new program, and an index out of range
+    still raises CPU's IndexError (the padding's values are never checked)."""
+    torch_tpu.set_eager_mode(mode)
+    try:
+        torch.manual_seed(0)
+        results, counts = [], []
+        for T in (21, 27, 23, 30):  # bucket 32
+            mask = torch.rand(5, T) > 0.3
+            x = torch.randn(5, T, 3)
+            b_idx, kv_idx = torch.arange(5), torch.arange(T)
+            c0 = compiles()
+            got = dyn(mask)[dyn(b_idx)[:, None, None, None], dyn(kv_idx)[None, None, None, :]].cpu()
+            pairs = dyn(x)[dyn(torch.randint(0, 5, (T, 1))), dyn(torch.randint(0, T, (1, T)))]
+            counts.append(compiles() - c0)
+            assert torch.equal(got, mask[b_idx[:, None, None, None], kv_idx[None, None, None, :]])
+            assert pairs.shape == (T, T, 3)
+        assert counts[2] == 0 and counts[3] == 0, counts
+        g = torch.Generator().manual_seed(3)
+        i, j = torch.randint(0, 5, (26, 1), generator=g), torch.randint(0, 26, (1, 26), generator=g)
+        x = torch.randn(5, 26, 3)
+        torch.testing.assert_close(dyn(x)[dyn(i), dyn(j)].cpu(), x[i, j], rtol=0, atol=0)
+        bad = torch.arange(26)
+        bad[7] = 26
+        with pytest.raises(IndexError, match="out of bounds"):
+            dyn(x)[:, dyn(bad)].cpu()
+    finally:
+        torch_tpu.set_eager_mode(E.DEFER_NEVER)
