@@ -669,8 +669,7 @@ struct Bucketing {
         for (size_t i = 0; i < bound.size() && i < v.bound.size(); ++i) v.bound[i] = std::max(v.bound[i], bound[i]);
       }
     for (size_t i = 0; i < v.bound.size(); ++i)
-      if (v.bound[i] == v.sizes[i] && std::find(demoted.begin(), demoted.end(), v.sizes[i]) != demoted.end())
-        v.bound[i] = 0;
+      if (v.bound[i] > 0 && std::find(demoted.begin(), demoted.end(), v.sizes[i]) != demoted.end()) v.bound[i] = 0;
     for (size_t i = 0; i < v.bound.size(); ++i)
       for (const auto& [n, b] : unified)
         if (v.bound[i] > 0 && v.sizes[i] == n) v.bound[i] = b;
@@ -948,19 +947,31 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
   }
   if (!any && created.empty()) return bk;
   {
-    std::vector<int64_t> held, full;  // sizes some tensor holds static; dynamic dims at their bound
+    // sizes some tensor holds static; dynamic dims at their bound; sizes dynamic in one tensor
+    // and held static by another (a batch of 3 that an index made dynamic, met by a KV cache
+    // built with a static batch of 3): read static, so the call pairs no bound with a size and
+    // its other dynamic dims stay bucketed (one program per bucket of those, as the size
+    // that is held is a size of the program anyway)
+    std::vector<int64_t> held, full;
+    std::vector<std::pair<int64_t, const c10::TensorImpl*>> held_by, dynamic_in;
     for_each_tensor(args, [&](const at::Tensor& t) {
       if (!t.defined() || t.device().type() != kTpu) return;
       engine::View v = bk.view(t);
       for (size_t i = 0; i < v.sizes.size(); ++i) {
         bool dyn = i < v.bound.size() && v.bound[i] > 0;
-        if (!dyn && v.sizes[i] >= 2) held.push_back(v.sizes[i]);
+        if (!dyn && v.sizes[i] >= 2) held.push_back(v.sizes[i]), held_by.emplace_back(v.sizes[i], t.unsafeGetTensorImpl());
         if (dyn && v.bound[i] == v.sizes[i]) full.push_back(v.sizes[i]);
+        if (dyn) dynamic_in.emplace_back(v.sizes[i], t.unsafeGetTensorImpl());
       }
     });
+    auto demote = [&](int64_t n) {
+      if (std::find(bk.demoted.begin(), bk.demoted.end(), n) == bk.demoted.end()) bk.demoted.push_back(n);
+    };
     for (int64_t n : full)
-      if (std::find(held.begin(), held.end(), n) != held.end() && std::find(bk.demoted.begin(), bk.demoted.end(), n) == bk.demoted.end())
-        bk.demoted.push_back(n);
+      if (std::find(held.begin(), held.end(), n) != held.end()) demote(n);
+    for (const auto& [n, t] : dynamic_in)
+      for (const auto& [m, u] : held_by)
+        if (m == n && u != t) demote(n);
   }
   auto unify = [&](int64_t n, int64_t b) {
     auto it = std::find_if(bk.unified.begin(), bk.unified.end(), [&](const auto& u) { return u.first == n; });
