@@ -1,12 +1,13 @@
 """Bounded dynamism benchmarks (torch_tpu.dynamic), each part in a fresh process (the size
 policy and the compile caches start cold; no disk cache):
 
-  python bench/bench_dynamic.py                  # all three parts
+  python bench/bench_dynamic.py                  # every part
   python bench/bench_dynamic.py --only generate  # (a)
   python bench/bench_dynamic.py --only train     # (b)
   python bench/bench_dynamic.py --only compiled  # (c)
   python bench/bench_dynamic.py --only compile-cost  # (d)
   python bench/bench_dynamic.py --only steady    # (e)
+  python bench/bench_dynamic.py --only padded    # (f)
 
 (a) HF tiny LlamaForCausalLM (vocab 256, hidden 64, 2 layers, 4 heads / 2 KV heads, random
     weights) `generate(max_new_tokens=24)` with the default dynamic KV cache, greedy, for 10
@@ -25,6 +26,13 @@ policy and the compile caches start cold; no disk cache):
 (e) (a)'s model in the steady state: after prompts of 5 and 9 tokens, 5 calls with a prompt of
     23, bucketed (the default) against the same at fixed shapes (TORCH_TPU_DYNAMIC=0, every
     program cached): seconds per call, ops dispatched per call, and CPU eager's seconds.
+(f) padded batches as users write them (no torch_tpu call in the loop), in Strict and
+    DeferAndFuse: an nn.TransformerEncoder (d 32, 2 layers, feed-forward 64) trained with AdamW
+    on batches of 6 sequences padded to the longest of random lengths 3..69 with a
+    src_key_padding_mask, 12 steps, against the same at a fixed length 69 (total compiles,
+    losses against CPU's); and (a)'s model generating 12 tokens for batches of 3 left-padded
+    prompts (lengths L, L - 4, L / 2 with an attention_mask) for 10 values of L: compiles per
+    call, tokens against CPU's.
 """
 import argparse
 import json
@@ -161,6 +169,59 @@ print(json.dumps(dict(tpu=(t1 - t0) / 5, cpu=(t2 - t1) / 5, ops=(m1["ops"] - m0[
                       compiles=m1["compiles"] - m0["compiles"])))
 """
 
+PADDED_TRAIN = r"""
+import json, random, torch, torch.nn as nn, torch_tpu
+torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
+torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+class M(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.emb = nn.Embedding(100, 32)
+        s.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, batch_first=True,
+                                                                 dropout=0.0), 2)
+        s.head = nn.Linear(32, 100)
+    def forward(s, x, pad):
+        return s.head(s.enc(s.emb(x), src_key_padding_mask=pad))
+def run(dev, fixed):
+    torch.manual_seed(0); rng = random.Random(0)
+    m = M().to(dev); opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    c0 = torch_tpu.metrics.report()["compiles"]; losses = []
+    for step in range(12):
+        lens = [rng.randint(3, 69) for _ in range(6)]
+        T = 69 if fixed else max(lens)
+        x = torch.zeros(6, T, dtype=torch.long); pad = torch.ones(6, T, dtype=torch.bool)
+        for i, l in enumerate(lens):
+            x[i, :l] = torch.randint(1, 100, (l,)); pad[i, :l] = False
+        x, pad = x.to(dev), pad.to(dev)
+        out = m(x, pad)
+        loss = nn.functional.cross_entropy(out[:, :-1].reshape(-1, 100), x[:, 1:].reshape(-1), ignore_index=0)
+        opt.zero_grad(); loss.backward(); opt.step(); losses.append(loss.item())
+    return torch_tpu.metrics.report()["compiles"] - c0, losses
+fixed, _ = run("tpu", True)
+varied, got = run("tpu", False)
+_, ref = run("cpu", False)
+print(json.dumps(dict(fixed=fixed, varied=varied, diff=max(abs(a - b) for a, b in zip(got, ref)))))
+"""
+
+PADDED_GENERATE = LLAMA + r"""
+torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
+g = torch.Generator().manual_seed(1)
+rows = []
+for L in (7, 19, 11, 33, 26, 41, 29, 58, 3, 47):
+    lens = [L, max(1, L - 4), max(1, L // 2)]
+    ids = torch.zeros(3, L, dtype=torch.long); am = torch.zeros(3, L, dtype=torch.long)
+    for i, l in enumerate(lens):
+        ids[i, L - l:] = torch.randint(2, 256, (l,), generator=g); am[i, L - l:] = 1
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    c0 = torch_tpu.metrics.report()["compiles"]
+    with torch.no_grad():
+        out = tpu.generate(input_ids=ids.to("tpu"), attention_mask=am.to("tpu"), **kw).cpu()
+        ref = cpu.generate(input_ids=ids, attention_mask=am, **kw)
+    rows.append(dict(L=L, compiles=torch_tpu.metrics.report()["compiles"] - c0, equal=bool(torch.equal(out, ref))))
+print(json.dumps(rows))
+"""
+
 
 def fresh(code, **env_extra):
     env = dict(os.environ, TORCH_TPU_CACHE_DIR="", **env_extra)
@@ -222,12 +283,25 @@ def steady():
     print()
 
 
+def padded():
+    print("## (f) padded batches: nn.TransformerEncoder training and batched left-padded generate()\n")
+    print("| mode | training compiles, random lengths 3..69 | at fixed length 69 | ratio | max loss diff vs CPU |\n|---|---|---|---|---|")
+    for mode in ("DEFER_NEVER", "DEFER_AND_FUSE"):
+        r = fresh(PADDED_TRAIN % {"mode": mode})
+        print(f"| {mode} | {r['varied']} | {r['fixed']} | {r['varied'] / max(r['fixed'], 1):.2f}x | {r['diff']:.1e} |")
+    print("\n| mode | compiles per call, L = 7, 19, 11, 33, 26, 41, 29, 58, 3, 47 | tokens equal CPU |\n|---|---|---|")
+    for mode in ("DEFER_NEVER", "DEFER_AND_FUSE"):
+        rows = fresh(PADDED_GENERATE % {"mode": mode})
+        print(f"| {mode} | {', '.join(str(r['compiles']) for r in rows)} | {all(r['equal'] for r in rows)} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["generate", "train", "compiled", "compile-cost", "steady"])
+    ap.add_argument("--only", choices=["generate", "train", "compiled", "compile-cost", "steady", "padded"])
     a = ap.parse_args()
     for name, fn in (("generate", generate), ("train", train), ("compiled", compiled), ("compile-cost", compile_cost),
-                     ("steady", steady)):
+                     ("steady", steady), ("padded", padded)):
         if a.only in (None, name):
             fn()
 

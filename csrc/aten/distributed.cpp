@@ -1208,6 +1208,9 @@ class ReplicatedProgram {
                     " of replica ", r, " must be on tpu:", r);
         TORCH_CHECK(inputs[k].matches(t), "torch_tpu.spmd: input ", k, " of replica ", r,
                     " has another shape, dtype or layout than at capture");
+        // the program takes exact shapes: a tensor the size policy made dynamic (padded to its
+        // bucket) is cut back to its size first, once
+        if (storage_of(t)->dynamic()) eng.make_static(storage_of(t));
         in[r].push_back(storage_of(t));
       }
       for (const auto& sl : slots) {

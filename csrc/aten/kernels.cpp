@@ -558,7 +558,8 @@ void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
 // torch_tpu, or "" when no Python code is running on this thread (autograd's
 // backward threads). Used to name the line of a failing op in deferred programs.
 // With `inner`, the innermost frame of all (a line in torch.nn or torch.optim) comes
-// first: the size policy tells apart calls that the user's line alone would not.
+// first and the user frame's caller last: the size policy tells apart calls that the
+// user's line alone would not (one helper that uploads for several callers).
 std::string python_site(bool inner = false) {
   if (!Py_IsInitialized()) return "";
   pybind11::gil_scoped_acquire gil;
@@ -591,9 +592,15 @@ std::string python_site(bool inner = false) {
     Py_DECREF(f);
     f = back;
   }
+  if (!out.empty() && inner) {
+    if (first != f) out = describe(first) + " < " + out;
+    if (PyFrameObject* caller = PyFrame_GetBack(f)) {
+      out += " < " + describe(caller);
+      Py_DECREF(caller);
+    }
+  }
   if (f) Py_DECREF(f);
   if (out.empty()) out = describe(first);
-  else if (inner && first != f) out = describe(first) + " < " + out;
   Py_DECREF(first);
   if (PyErr_Occurred()) PyErr_Clear();
   return out;

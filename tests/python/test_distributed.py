@@ -161,3 +161,4 @@ def test_in_program_collectives_on_two_devices():
     assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
     assert "ALL PASSED" in p.stdout
     assert "PASS functional collectives lowered into one replicated program" in p.stdout
+    assert "PASS dynamic inputs" in p.stdout

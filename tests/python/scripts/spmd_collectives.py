@@ -104,6 +104,17 @@ for r in range(N):
     close(out[r][0], args[r][0], "singleton replica groups")
 say("PASS explicit replica groups")
 
+# ---- an input the size policy (or the user) made dynamic: padded to its bucket, cut back to
+# its size for the program (a PJRT input-size mismatch before)
+staged = [[t.to(f"tpu:{r}") for t in args[r]] for r in range(N)]
+for r in range(N):
+    torch_tpu.mark_dynamic(staged[r][0], 0)
+    assert torch_tpu.dynamic.get_dynamism_info(staged[r][0]) == [(0, 5, 8)]
+out = prog(staged)
+for r in range(N):
+    close(out[r].cpu(), args[r][0], "a dynamic input of a replicated program")
+say("PASS dynamic inputs")
+
 # ---- errors: clear, and the device stays usable
 try:
     spmd.replicate(lambda x: c10d.all_to_all_single(x, [1, 3], [3, 1], "g"), N)(
