@@ -558,8 +558,9 @@ void fallback_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack, cons
 // torch_tpu, or "" when no Python code is running on this thread (autograd's
 // backward threads). Used to name the line of a failing op in deferred programs.
 // With `inner`, the innermost frame of all (a line in torch.nn or torch.optim) comes
-// first and the user frame's caller last: the size policy tells apart calls that the
-// user's line alone would not (one helper that uploads for several callers).
+// first: the size policy tells apart calls that the user's line alone would not. (Not the
+// user frame's caller: as Dynamo's memory of a frame, a helper's sizes are one history
+// whoever calls it, so moving a call elsewhere does not start the policy over.)
 std::string python_site(bool inner = false) {
   if (!Py_IsInitialized()) return "";
   pybind11::gil_scoped_acquire gil;
@@ -592,13 +593,7 @@ std::string python_site(bool inner = false) {
     Py_DECREF(f);
     f = back;
   }
-  if (!out.empty() && inner) {
-    if (first != f) out = describe(first) + " < " + out;
-    if (PyFrameObject* caller = PyFrame_GetBack(f)) {
-      out += " < " + describe(caller);
-      Py_DECREF(caller);
-    }
-  }
+  if (!out.empty() && inner && first != f) out = describe(first) + " < " + out;
   if (f) Py_DECREF(f);
   if (out.empty()) out = describe(first);
   Py_DECREF(first);
