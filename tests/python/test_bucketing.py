@@ -245,6 +245,20 @@ def _script(body):
     return out.stdout
 
 
+# a tiny LlamaForCausalLM on CPU and the same weights on tpu (HIGHEST precision), for scripts
+TINY_LLAMA = textwrap.dedent("""
+        import torch, torch_tpu
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                          pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
+        torch.manual_seed(0)
+        cpu = LlamaForCausalLM(cfg).eval()
+        tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
+        torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+""")
+
+
 def test_policy_variable_length_training_loop():
     """A training loop written as a user would (no torch_tpu calls): losses match CPU and, once
     lengths vary, a new length in a known bucket compiles nothing."""
@@ -284,16 +298,7 @@ def test_policy_variable_length_training_loop():
 
 
 def test_policy_generate_new_prompt_lengths_compile_nothing():
-    out = _script("""
-        import torch, torch_tpu
-        from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                          pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
-        torch.manual_seed(0)
-        cpu = LlamaForCausalLM(cfg).eval()
-        tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
-        torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+    out = _script(TINY_LLAMA + textwrap.dedent("""
         for mode in (torch_tpu.EagerMode.DEFER_NEVER, torch_tpu.EagerMode.DEFER_AND_FUSE):
             torch_tpu.set_eager_mode(mode)
             counts = []
@@ -310,7 +315,7 @@ def test_policy_generate_new_prompt_lengths_compile_nothing():
                 counts.append(torch_tpu.metrics.report()["compiles"] - c0)
             print(int(mode), counts)
             assert max(counts[2:]) <= 2, counts  # issue 24's target: at most 2 per call after two
-    """)
+    """))
     assert "0 [" in out and "2 [" in out, out
 
 
@@ -465,16 +470,7 @@ def test_policy_batched_generate_with_left_padding():
     hidden states while the KV cache keeps it static; calls that meet both read the batch at
     its size and keep the length bucketed, so later calls in known buckets compile (almost)
     nothing (they compiled 9-12 programs each, one per decode step); tokens equal CPU's."""
-    out = _script("""
-        import torch, torch_tpu
-        from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                          pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
-        torch.manual_seed(0)
-        cpu = LlamaForCausalLM(cfg).eval()
-        tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
-        torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+    out = _script(TINY_LLAMA + textwrap.dedent("""
         torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE)
         g = torch.Generator().manual_seed(1)
         counts = []
@@ -492,5 +488,5 @@ def test_policy_batched_generate_with_left_padding():
             counts.append(torch_tpu.metrics.report()["compiles"] - c0)
         print("counts", counts)
         assert max(counts[2:]) <= 2, counts
-    """)
+    """))
     assert "counts" in out
