@@ -857,8 +857,7 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
   // (a signature first seen in the warm-up, when its sizes were still static, is decided
   // again once a site has turned dynamic since: a [6, 68] mask built in step 0 and again
   // in step 8, after the length went dynamic, is dynamic in step 8)
-  int64_t generation = eng.site_generation();
-  if (safe && (!meta.seeded || meta.seed_generation != generation)) {
+  if (safe && (!meta.seeded || meta.seed_generation != eng.site_generation())) {
     std::vector<int64_t> sizes;
     auto note = [&](int64_t n) {
       if (n >= 2 && std::find(sizes.begin(), sizes.end(), n) == sizes.end()) sizes.push_back(n);
@@ -949,31 +948,31 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
   }
   if (!any && created.empty()) return bk;
   {
-    // sizes some tensor holds static; dynamic dims at their bound; sizes dynamic in one tensor
-    // and held static by another (a batch of 3 that an index made dynamic, met by a KV cache
-    // built with a static batch of 3): read static, so the call pairs no bound with a size and
-    // its other dynamic dims stay bucketed (one program per bucket of those, as the size
-    // that is held is a size of the program anyway)
-    std::vector<int64_t> held, full;
-    std::vector<std::pair<int64_t, const c10::TensorImpl*>> held_by, dynamic_in;
+    // A dynamic size that some tensor of the call holds static is read static (demoted), so
+    // the call pairs no bound with a size and its other dynamic dims stay bucketed (the size
+    // held is a size of the program anyway): held by another tensor (a batch of 3 that an
+    // index made dynamic, met by a KV cache built with a static batch of 3), or by the same
+    // tensor when the dynamic dim is at its bound (x[n/16, 8] with n = 16 = a fixed dim).
+    struct Dim {
+      int64_t size;
+      const c10::TensorImpl* in;
+      bool full;  // a dynamic dim at its bound
+    };
+    std::vector<Dim> held, dynamic;
     for_each_tensor(args, [&](const at::Tensor& t) {
       if (!t.defined() || t.device().type() != kTpu) return;
       engine::View v = bk.view(t);
       for (size_t i = 0; i < v.sizes.size(); ++i) {
         bool dyn = i < v.bound.size() && v.bound[i] > 0;
-        if (!dyn && v.sizes[i] >= 2) held.push_back(v.sizes[i]), held_by.emplace_back(v.sizes[i], t.unsafeGetTensorImpl());
-        if (dyn && v.bound[i] == v.sizes[i]) full.push_back(v.sizes[i]);
-        if (dyn) dynamic_in.emplace_back(v.sizes[i], t.unsafeGetTensorImpl());
+        if (dyn) dynamic.push_back({v.sizes[i], t.unsafeGetTensorImpl(), v.bound[i] == v.sizes[i]});
+        else if (v.sizes[i] >= 2) held.push_back({v.sizes[i], t.unsafeGetTensorImpl(), false});
       }
     });
-    auto demote = [&](int64_t n) {
-      if (std::find(bk.demoted.begin(), bk.demoted.end(), n) == bk.demoted.end()) bk.demoted.push_back(n);
-    };
-    for (int64_t n : full)
-      if (std::find(held.begin(), held.end(), n) != held.end()) demote(n);
-    for (const auto& [n, t] : dynamic_in)
-      for (const auto& [m, u] : held_by)
-        if (m == n && u != t) demote(n);
+    for (const Dim& d : dynamic)
+      for (const Dim& h : held)
+        if (h.size == d.size && (d.full || h.in != d.in) &&
+            std::find(bk.demoted.begin(), bk.demoted.end(), d.size) == bk.demoted.end())
+          bk.demoted.push_back(d.size);
   }
   auto unify = [&](int64_t n, int64_t b) {
     auto it = std::find_if(bk.unified.begin(), bk.unified.end(), [&](const auto& u) { return u.first == n; });

@@ -110,8 +110,7 @@ Advanced advanced(Ctx& c, Value x, const std::vector<Value>& indices) {
   for (size_t i = 1; i < a.dims.size(); ++i) a.adjacent &= a.dims[i] == a.dims[i - 1] + 1;
   Shape cshape = a.bshape;
   cshape.push_back(1);
-  std::vector<int64_t> keep;
-  for (size_t i = 0; i < a.bshape.size(); ++i) keep.push_back(static_cast<int64_t>(i));
+  std::vector<int64_t> keep = all_dims(static_cast<int64_t>(a.bshape.size()));
   std::vector<Value> comps;
   for (size_t i = 0; i < idx.size(); ++i) {
     Extent size(b, x, a.dims[i]);
