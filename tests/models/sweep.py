@@ -121,7 +121,7 @@ def no_build_reason(detail):
         return "needs a package that does not install here (timm, natten, detectron2, torchaudio)"
     if ("required positional" in detail or "LookupError" in detail or "specify" in detail or "not-None" in detail
             or "cannot be `None`" in detail or "bbox" in detail.lower()):
-        return "needs inputs the harness does not make (image tokens, grids, boxes, sessions, ...)"
+        return "needs inputs the harness does not make (image tokens, grids, boxes, video inference states, ...)"
     if any(p in detail for p in ("ValidationError", "ValueError", "AssertionError")):
         return "the config's own checks reject the generic shrink"
     return "the shrunk config builds a model that fails on CPU (mostly shape mismatches)"
