@@ -1,11 +1,13 @@
 // Device plumbing for `tpu` (allocator, device guard, hooks, generator) and the
 // Python module torch_tpu._C.
 #include <ATen/Context.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/CPUAllocator.h>
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
@@ -13,7 +15,10 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <random>
@@ -62,7 +67,25 @@ void delete_holder(void* ctx) {
   delete h;
 }
 
-class TpuAllocator final : public c10::Allocator {
+// (available, total) bytes of this machine's memory: the CPU plugin's device memory is host memory
+std::pair<size_t, size_t> host_memory() {
+  size_t total = static_cast<size_t>(sysconf(_SC_PAGE_SIZE)) * static_cast<size_t>(sysconf(_SC_PHYS_PAGES));
+  size_t avail = total;
+  if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+    char key[64];
+    unsigned long long kb = 0;
+    while (std::fscanf(f, "%63s %llu kB", key, &kb) == 2) {
+      if (std::strcmp(key, "MemAvailable:") == 0) avail = static_cast<size_t>(kb) * 1024;
+    }
+    std::fclose(f);
+  }
+  return {avail, total};
+}
+
+// A c10::DeviceAllocator, so that torch.accelerator's memory calls (empty_cache, memory_stats,
+// get_memory_info, ...) work for tpu as they do for cuda. No caching allocator sits between
+// storages and PJRT buffers: empty_cache has nothing to release.
+class TpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t nbytes) override {
     int dev = current_device();
@@ -79,11 +102,57 @@ class TpuAllocator final : public c10::Allocator {
   void copy_data(void*, const void*, std::size_t) const override {
     TORCH_CHECK(false, "tpu storages cannot be copied by address; use Tensor.copy_");
   }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+    c10::CachingDeviceAllocator::DeviceStats s;
+    auto& a = s.allocated_bytes[0];
+    a.current = g_live.load();
+    a.peak = g_peak.load();
+    s.active_bytes[0] = a;
+    s.requested_bytes[0] = a;
+    s.reserved_bytes[0].current = rt::Buffer::live_bytes();
+    s.reserved_bytes[0].peak = rt::Buffer::peak_bytes();
+    return s;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex) override {
+    g_peak = g_live.load();
+    rt::Buffer::reset_peak();
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    auto s = rt::Client::get().memory_stats(device);
+    if (s.available && s.bytes_limit > 0) {
+      auto limit = static_cast<size_t>(s.bytes_limit);
+      auto used = static_cast<size_t>(std::max<int64_t>(s.bytes_in_use, 0));
+      return {used < limit ? limit - used : 0, limit};
+    }
+    return host_memory();
+  }
 };
 TpuAllocator g_allocator;
+
+// The host (pinned) allocator torch.accelerator asks for (empty_host_cache, host_memory_stats):
+// tpu's host buffers are plain CPU memory (PJRT copies them), so nothing is cached or pinned.
+class TpuHostAllocator final : public at::HostAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override { return c10::GetCPUAllocator()->allocate(nbytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return c10::GetCPUAllocator()->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override { return {}; }
+  void reset_accumulated_stats() override {}
+  void reset_peak_stats() override {}
+};
+TpuHostAllocator g_host_allocator;
 }  // namespace
 
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+REGISTER_HOST_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_host_allocator);
 
 c10::Allocator* allocator() { return &g_allocator; }
 int64_t allocated_bytes() { return g_live.load(); }

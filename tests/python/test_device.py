@@ -214,3 +214,24 @@ def test_memory_figures_as_cuda_reports_them():
     assert s["reserved_bytes.all.current"] >= 4 << 20 and torch.tpu.memory_reserved() >= 4 << 20
     assert torch.tpu.max_memory_reserved() >= torch.tpu.memory_reserved()
     del z
+
+
+def test_torch_accelerator_memory_calls():
+    """torch.accelerator's device-generic memory calls (what vLLM's model loader calls:
+    empty_cache, then empty_host_cache at shutdown) work on tpu as on cuda; they raised an
+    internal assert ("Allocator for tpu is not a DeviceAllocator") and empty_host_cache crashed."""
+    assert torch.accelerator.current_accelerator().type == "tpu"
+    torch.accelerator.reset_peak_memory_stats()
+    base = torch.accelerator.memory_allocated()
+    z = torch.ones(1 << 18, device="tpu")
+    assert torch.accelerator.memory_allocated() - base == 1 << 20
+    assert torch.accelerator.max_memory_allocated() >= base + (1 << 20)
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == torch.accelerator.memory_allocated()
+    torch.accelerator.empty_cache()  # nothing cached: a no-op that must not raise
+    torch.accelerator.empty_host_cache()
+    free, total = torch.accelerator.get_memory_info()
+    assert (free, total)[1] == torch.tpu.mem_get_info()[1] and 0 < free <= total
+    del z
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == torch.accelerator.memory_allocated()
