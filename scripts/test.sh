@@ -10,3 +10,6 @@ PAR=(-n "${TT_TEST_JOBS:-2}" --dist loadscope)
 # (a mismatch raises in verify mode)
 TORCH_TPU_TRACE_CACHE=verify .venv/bin/python -m pytest -q "${PAR[@]}" tests/python/test_fuzz_modes.py tests/python/test_ops.py \
   tests/python/test_trace.py "$@"
+# vLLM on tpu (torch_tpu/vllm): its own venv with vLLM 0.32.0 pinned (scripts/setup_vllm.sh)
+bash scripts/setup_vllm.sh
+.venv-vllm/bin/python -m pytest -q tests/vllm

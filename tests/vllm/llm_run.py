@@ -1,0 +1,46 @@
+"""Runs vLLM's offline `LLM` on `tpu` in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, so the
+engine's compile counters can be read) and prints one JSON line: outputs and counters.
+
+    python llm_run.py '{"model": DIR, "engine": {...}, "prompts": [[ids], ...],
+                        "sampling": [{...}, ...], "rounds": 1}'
+
+`rounds` > 1 generates the same requests again (a warm engine); counters are per round."""
+
+import json
+import os
+import sys
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    import torch_tpu
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=256,
+                  kv_cache_memory_bytes=32 << 20, disable_log_stats=True)
+    engine.update(spec.get("engine", {}))
+    llm = LLM(model=spec["model"], **engine)
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
+    params = [SamplingParams(**s) for s in spec["sampling"]]
+    if len(params) == 1:
+        params = params * len(prompts)
+    rounds = []
+    for _ in range(spec.get("rounds", 1)):
+        before = torch_tpu.metrics.report()["compiles"]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        rounds.append({
+            "tokens": [list(o.outputs[0].token_ids) for o in outs],
+            "logprobs": [[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs]
+                         if o.outputs[0].logprobs else None for o in outs],
+            "compiles": torch_tpu.metrics.report()["compiles"] - before,
+        })
+    print("RESULT " + json.dumps({"rounds": rounds, "device": llm.llm_engine.vllm_config.device_config.device_type}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""vLLM on `tpu` (torch_tpu/vllm): the platform plugin resolves, and vLLM's own model code served
+offline gives the token ids `transformers` greedy `generate` gives on PyTorch CPU (float32).
+
+Runs in .venv-vllm (scripts/setup_vllm.sh); each engine runs in a subprocess (tests/vllm/llm_run.py).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is installed in .venv-vllm (scripts/setup_vllm.sh)")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tiny  # noqa: E402
+
+ENV = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+           TOKENIZERS_PARALLELISM="false")
+
+
+def run_llm(model, prompts, sampling, engine=None, rounds=1, timeout=900):
+    spec = dict(model=model, prompts=prompts, sampling=sampling, engine=engine or {}, rounds=rounds)
+    p = subprocess.run([sys.executable, os.path.join(HERE, "llm_run.py"), json.dumps(spec)],
+                       env=ENV, capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, f"llm_run failed (rc {p.returncode}):\n{p.stderr[-6000:]}"
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def hf_greedy(model_dir, prompts, n):
+    """transformers greedy generate on PyTorch CPU, each prompt alone."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                               min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out.append(g[0, len(p):].tolist())
+    return out
+
+
+def check_equal(model_dir, prompts, got, want):
+    """Token ids equal; on a mismatch, name the first divergence and HF's top-2 logit gap there
+    (a near-tie is numerics, a large gap is a bug)."""
+    if got == want:
+        return
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for p, g, w in zip(prompts, got, want):
+        if g != w:
+            i = next(k for k in range(min(len(g), len(w))) if g[k] != w[k]) if g[:len(w)] != w[:len(g)] else min(len(g), len(w))
+            with torch.no_grad():
+                logits = model(torch.tensor([p + w[:i]])).logits[0, -1]
+            top = logits.topk(2).values
+            pytest.fail(f"prompt of {len(p)} tokens: vLLM {g} != HF {w} at step {i} "
+                        f"(HF top-2 logit gap {float(top[0] - top[1]):.3g})")
+
+
+PROMPT_LENGTHS = [1, 5, 16, 17, 33, 70]
+
+
+def prompts_of(lengths, seed=0, vocab=512):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+ARCHS = {
+    "llama": lambda: tiny.llama_config(),
+    "qwen2": lambda: tiny.qwen2_config(),
+    "qwen3": lambda: tiny.qwen3_config(),
+    "mistral": lambda: tiny.mistral_config(),
+    "gemma": lambda: tiny.gemma_config(),
+    "qwen3_moe": lambda: tiny.qwen3_moe_config(),
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_models")
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = tiny.write_model(str(root / arch), ARCHS[arch]())
+        return cache[arch]
+
+    return get
+
+
+def test_platform_resolves_to_tpu():
+    code = ("from vllm.platforms import current_platform as p; "
+            "print(p.device_type, p.device_name, type(p).__module__)")
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-3:] == ["tpu", "tpu", "torch_tpu.vllm.platform"]
+    # VLLM_PLUGINS is vLLM's allow-list of plugins: naming another leaves ours unloaded
+    env = dict(ENV, VLLM_PLUGINS="some_other_plugin")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert "torch_tpu.vllm.platform" not in out.stdout
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_matches_transformers(models, arch):
+    model = models(arch)
+    prompts = prompts_of(PROMPT_LENGTHS)
+    want = hf_greedy(model, prompts, 8)
+    res = run_llm(model, prompts, [dict(temperature=0, max_tokens=8, ignore_eos=True)])
+    assert res["device"] == "tpu"
+    check_equal(model, prompts, res["rounds"][0]["tokens"], want)
+
+
+def test_batch_chunked_prefill_prefix_and_preemption(models):
+    """Prompts across block boundaries, two sharing a 32-token prefix (prefix caching), at most two
+    running at once with 32 tokens a step (chunked prefill, queueing), and a KV cache too small for
+    all of them (preemption): every output equals the prompt run alone in transformers."""
+    model = models("llama")
+    shared = prompts_of([32], seed=1)[0]
+    prompts = prompts_of([3, 17, 40, 70], seed=2) + [shared + [7, 8, 9], shared + [10, 11]]
+    want = hf_greedy(model, prompts, 12)
+    engine = dict(max_num_seqs=2, max_num_batched_tokens=32, enable_chunked_prefill=True,
+                  enable_prefix_caching=True, num_gpu_blocks_override=12, max_model_len=128)
+    res = run_llm(model, prompts, [dict(temperature=0, max_tokens=12, ignore_eos=True)], engine)
+    check_equal(model, prompts, res["rounds"][0]["tokens"], want)
+
+
+def test_seeded_sampling_is_reproducible(models):
+    model = models("llama")
+    prompts = prompts_of([4, 9, 21], seed=3)
+    sampling = [dict(temperature=1.0, top_p=0.9, top_k=50, seed=1234 + i, max_tokens=10, ignore_eos=True,
+                     logprobs=2) for i in range(len(prompts))]
+    res = run_llm(model, prompts, sampling, rounds=2)
+    first, second = res["rounds"]
+    assert first["tokens"] == second["tokens"]
+    assert all(len(t) == 10 for t in first["tokens"])
+    assert first["tokens"] != hf_greedy(model, prompts, 10)  # sampled, not greedy
+    # logprobs come back for each step: the sampled token plus the top 2
+    assert all(len(lp) == 10 and all(len(step) >= 2 for step in lp) for lp in first["logprobs"])

@@ -1,0 +1,292 @@
+"""`TpuModelRunner`: runs vLLM's scheduled steps on `tpu`.
+
+Per step: follow the scheduler's request changes (the persistent `InputBatch` of vLLM, kept on
+the host for sampling), lay out the step's tokens, slots and attention groups on the host (numpy),
+padded to buckets so that a step has few distinct shapes, run vLLM's model on `tpu`, read back the
+logits of each request's last token and sample them with vLLM's own `Sampler` on the host.
+
+vLLM's GPU runner is not reused: it is built on CUDA streams, events, pinned memory and Triton
+kernels.
+"""
+
+import time
+
+import numpy as np
+import torch
+from vllm.forward_context import set_forward_context
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader import get_model
+from vllm.sampling_params import SamplingType
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.sample.logits_processor import build_logitsprocs
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+from .attention import TpuAttentionGroup, TpuAttentionMetadata
+
+logger = init_logger(__name__)
+
+HOST = torch.device("cpu")
+
+
+def bucket(n: int, lo: int) -> int:
+    """The bucket a size is padded to: a power of two, at least `lo`."""
+    b = lo
+    while b < n:
+        b *= 2
+    return b
+
+
+class TpuModelRunner:
+    def __init__(self, vllm_config, device: torch.device):
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.scheduler_config = vllm_config.scheduler_config
+        self.device = device
+        self.dtype = self.model_config.dtype
+        self.block_size = self.cache_config.block_size
+        self.max_model_len = self.model_config.max_model_len
+        self.max_num_reqs = self.scheduler_config.max_num_seqs
+        self.max_num_tokens = self.scheduler_config.max_num_batched_tokens
+        self.vocab_size = self.model_config.get_vocab_size()
+
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(
+            max_num_reqs=self.max_num_reqs,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_tokens,
+            device=HOST,
+            vocab_size=self.vocab_size,
+            block_sizes=[self.block_size],
+            max_num_blocks_per_req=[-(-self.max_model_len // self.block_size)],
+            logitsprocs=build_logitsprocs(vllm_config, HOST, False, False, None),
+        )
+        self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
+        self.model = None
+        self.kv_caches: list[torch.Tensor] = []
+        # execute_model leaves the step's logits here for sample_tokens
+        self._pending = None
+
+    # ---- model and KV cache
+    def load_model(self) -> None:
+        from vllm.config import set_current_vllm_config
+
+        t0 = time.perf_counter()
+        with set_current_vllm_config(self.vllm_config):
+            self.model = get_model(vllm_config=self.vllm_config)
+        logger.info("tpu: model loaded in %.1f s", time.perf_counter() - t0)
+
+    def get_kv_cache_spec(self) -> dict:
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+        specs = {}
+        for name, layer in get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase).items():
+            if getattr(layer, "kv_sharing_target_layer_name", None):
+                raise NotImplementedError("tpu: cross-layer KV cache sharing is not supported yet")
+            spec = layer.get_kv_cache_spec(self.vllm_config)
+            if spec is not None:
+                specs[name] = spec
+        return specs
+
+    def initialize_kv_cache(self, kv_cache_config) -> None:
+        """One zeroed tensor per layer (zeros: a masked-out NaN would still poison softmax)."""
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise NotImplementedError("tpu: models with several KV cache groups are not supported yet")
+        spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        if spec.block_size != self.block_size:
+            raise NotImplementedError(f"tpu: KV block size {spec.block_size} != {self.block_size}")
+        shape = (2, kv_cache_config.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+        ctx = self.vllm_config.compilation_config.static_forward_context
+        self.kv_caches = []
+        for tensor in kv_cache_config.kv_cache_tensors:
+            for name in tensor.layers:
+                cache = torch.zeros(shape, dtype=spec.dtype, device=self.device)
+                ctx[name].bind_kv_cache(cache)
+                self.kv_caches.append(cache)
+        self.num_blocks = kv_cache_config.num_blocks
+
+    # ---- per step: scheduler changes
+    def _update_states(self, so) -> None:
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
+        scheduled = so.num_scheduled_tokens.keys()
+        resumed = so.scheduled_cached_reqs.resumed_req_ids
+        for req_id in list(batch.req_id_to_index.keys() - (scheduled - resumed)):
+            batch.remove_request(req_id)  # preempted, or not scheduled this step
+
+        to_add = []
+        for new in so.scheduled_new_reqs:
+            if new.prompt_embeds is not None or new.mm_features:
+                raise NotImplementedError("tpu: prompt embeddings and multimodal inputs are not supported yet")
+            params = new.sampling_params
+            gen = None
+            if params is not None and params.sampling_type == SamplingType.RANDOM_SEED:
+                gen = torch.Generator(device=HOST)
+                gen.manual_seed(params.seed)
+            state = CachedRequestState(
+                req_id=new.req_id, prompt_token_ids=new.prompt_token_ids, mm_features=[],
+                sampling_params=params, pooling_params=new.pooling_params, generator=gen,
+                block_ids=new.block_ids, num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=[], lora_request=new.lora_request,
+                prompt_is_token_ids=new.prompt_is_token_ids)
+            self.requests[new.req_id] = state
+            to_add.append(state)
+
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests[req_id]
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+            new_blocks = cached.new_block_ids[i]
+            index = batch.req_id_to_index.get(req_id)
+            if cached.num_output_tokens[i] < len(state.output_token_ids):
+                del state.output_token_ids[cached.num_output_tokens[i]:]
+                if index is not None:
+                    batch.num_tokens_no_spec[index] = (batch.num_prompt_tokens[index]
+                                                       + cached.num_output_tokens[i])
+            if req_id in cached.resumed_req_ids:
+                state.block_ids = new_blocks  # resumed after preemption: a new block list
+            elif new_blocks is not None:
+                for ids, more in zip(state.block_ids, new_blocks):
+                    ids.extend(more)
+            if index is None:
+                to_add.append(state)
+                continue
+            batch.num_computed_tokens_cpu[index] = state.num_computed_tokens
+            if new_blocks is not None:
+                batch.block_table.append_row(new_blocks, index)
+
+        for state in to_add:
+            batch.add_request(state)
+        batch.condense()
+        batch.refresh_metadata()
+
+    # ---- per step: the host-side layout
+    def _prepare(self, so):
+        batch = self.input_batch
+        req_ids = batch.req_ids
+        nreq = len(req_ids)
+        n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
+        n_done = batch.num_computed_tokens_cpu[:nreq].astype(np.int64)
+        total = int(n_sched.sum())
+        starts = np.cumsum(n_sched) - n_sched
+        tok_req = np.repeat(np.arange(nreq), n_sched)
+        pos = n_done[tok_req] + np.arange(total) - starts[tok_req]
+        ids = batch.token_ids_cpu[tok_req, pos]
+
+        bs = self.block_size
+        tables = [np.asarray(self.requests[r].block_ids[0], dtype=np.int64) for r in req_ids]
+        slots = np.empty(total, dtype=np.int64)
+        for r in range(nreq):
+            p = pos[starts[r]:starts[r] + n_sched[r]]
+            slots[starts[r]:starts[r] + n_sched[r]] = tables[r][p // bs] * bs + p % bs
+        seq_len = n_done + n_sched
+
+        tpad = bucket(total, 16)
+        ids_p = np.zeros(tpad, dtype=np.int64)
+        pos_p = np.zeros(tpad, dtype=np.int64)
+        slots_p = np.zeros(tpad, dtype=np.int64)  # padding writes to slot 0 of the null block
+        ids_p[:total], pos_p[:total], slots_p[:total] = ids, pos, slots
+
+        # attention groups: decodes (one query) first, then everything else
+        out_index = np.zeros(tpad, dtype=np.int64)
+        groups, row0 = [], 0
+        for members in (np.nonzero(n_sched == 1)[0], np.nonzero(n_sched > 1)[0]):
+            if len(members) == 0:
+                continue
+            rpad = bucket(len(members), 8 if n_sched[members[0]] == 1 else 1)
+            qpad = bucket(int(n_sched[members].max()), 1)
+            nblk = bucket(-(-int(seq_len[members].max()) // bs), 1)
+            tok_index = np.zeros((rpad, qpad), dtype=np.int64)
+            qpos = np.zeros((rpad, qpad), dtype=np.int64)
+            key_slots = np.zeros((rpad, nblk * bs), dtype=np.int64)
+            mask = np.zeros((rpad, qpad, nblk * bs), dtype=bool)
+            mask[:, :, 0] = True  # padding rows see one key: no all-masked softmax
+            keys = np.arange(nblk * bs)
+            for k, r in enumerate(members):
+                q = int(n_sched[r])
+                tok_index[k, :q] = starts[r] + np.arange(q)
+                qpos[k, :q] = pos[starts[r]:starts[r] + q]
+                blocks = tables[r][:nblk]
+                key_slots[k, :len(blocks) * bs] = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
+                mask[k, :q] = keys[None, :] <= qpos[k, :q, None]
+                out_index[starts[r]:starts[r] + q] = row0 + k * qpad + np.arange(q)
+            row0 += rpad * qpad
+            dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
+            groups.append(TpuAttentionGroup(dev(tok_index), dev(key_slots), dev(mask), dev(qpos)))
+
+        last = starts + n_sched - 1
+        md = TpuAttentionMetadata(
+            num_tokens=total,
+            slot_mapping=torch.from_numpy(slots_p).to(self.device),
+            groups=groups,
+            output_index=torch.from_numpy(out_index).to(self.device))
+        # a request whose prompt is not all computed after this step (a chunked prefill) samples nothing
+        partial = [seq_len[k] < self.requests[r].num_tokens for k, r in enumerate(req_ids)]
+        return (torch.from_numpy(ids_p).to(self.device), torch.from_numpy(pos_p).to(self.device),
+                md, torch.from_numpy(last).to(self.device), partial, total, tpad)
+
+    # ---- the step
+    @torch.inference_mode()
+    def execute_model(self, so, intermediate_tensors=None):
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        ids, pos, md, last, partial, total, tpad = self._prepare(so)
+        with set_forward_context(md, self.vllm_config, num_tokens=tpad, slot_mapping={}):
+            hidden = self.model(input_ids=ids, positions=pos)
+        logits = self.model.compute_logits(hidden.index_select(0, last))
+        self._pending = (so, logits.to(HOST, torch.float32), partial)
+        return None
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar_output):
+        if self._pending is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        so, logits, partial = self._pending
+        self._pending = None
+        batch = self.input_batch
+        if grammar_output is not None:
+            from vllm.v1.structured_output.utils import apply_grammar_bitmask
+
+            apply_grammar_bitmask(so, grammar_output, batch, logits)
+        # a chunked prefill's sample is thrown away: keep its seeded generator where it was
+        saved = {i: g.get_state() for i, g in batch.generators.items() if partial[i]}
+        out = self.sampler(logits=logits, sampling_metadata=batch.sampling_metadata)
+        for i, state in saved.items():
+            batch.generators[i].set_state(state)
+
+        sampled = out.sampled_token_ids.tolist()
+        for i, p in enumerate(partial):
+            if p:
+                sampled[i] = []
+        req_ids = list(batch.req_ids)
+        for i, toks in enumerate(sampled):
+            if not toks:
+                continue
+            end = batch.num_tokens_no_spec[i] + len(toks)
+            batch.token_ids_cpu[i, end - len(toks):end] = toks
+            batch.is_token_ids[i, end - len(toks):end] = True
+            batch.num_tokens_no_spec[i] = end
+            self.requests[req_ids[i]].output_token_ids.extend(toks)
+        logprobs = out.logprobs_tensors.tolists() if out.logprobs_tensors is not None else None
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index=dict(batch.req_id_to_index),
+            sampled_token_ids=sampled,
+            logprobs=logprobs,
+            prompt_logprobs_dict={},
+        )
+
+    # ---- warm-up
+    @torch.inference_mode()
+    def dummy_run(self, num_tokens: int) -> None:
+        """The model on `num_tokens` padding tokens with no attention metadata (vLLM's
+        profiling convention: attention returns zeros)."""
+        ids = torch.zeros(num_tokens, dtype=torch.int64, device=self.device)
+        with set_forward_context(None, self.vllm_config, num_tokens=num_tokens, slot_mapping={}):
+            hidden = self.model(input_ids=ids, positions=ids)
+        self.model.compute_logits(hidden[:1]).cpu()
