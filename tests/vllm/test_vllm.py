@@ -143,3 +143,145 @@ def test_seeded_sampling_is_reproducible(models):
     assert first["tokens"] != hf_greedy(model, prompts, 10)  # sampled, not greedy
     # logprobs come back for each step: the sampled token plus the top 2
     assert all(len(lp) == 10 and all(len(step) >= 2 for step in lp) for lp in first["logprobs"])
+
+
+# ---- `vllm serve` on localhost
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _http(port, method, path, body=None, timeout=120):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(models, tmp_path_factory):
+    import time
+
+    model = models("llama")
+    port = _free_port()
+    log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w+")
+    exe = os.path.join(os.path.dirname(sys.executable), "vllm")
+    proc = subprocess.Popen(
+        [exe, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+         "--dtype", "float32", "--max-model-len", "128", "--served-model-name", "tiny",
+         "--kv-cache-memory-bytes", str(32 << 20), "--max-num-seqs", "4"],
+        env=ENV, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 400
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                pytest.fail(f"vllm serve exited ({proc.returncode}):\n{log.read()[-6000:]}")
+            try:
+                if _http(port, "GET", "/health", timeout=5)[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "vllm serve did not come up in 400 s"
+            time.sleep(1)
+        yield model, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _stream(port, body, stop_after=None):
+    """POST with stream=true; the token ids of the SSE chunks (or only the first `stop_after`, then the
+    connection is dropped, as a client that goes away)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", "/v1/completions", json.dumps(dict(body, stream=True)),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    texts = []
+    for raw in resp:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        texts.append(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+        if stop_after is not None and len(texts) >= stop_after:
+            break
+    conn.close()
+    return texts
+
+
+def _metric(port, name, label=""):
+    status, text = _http(port, "GET", "/metrics")
+    assert status == 200
+    total = None
+    for line in text.splitlines():
+        if line.startswith(name) and label in line:
+            total = (total or 0.0) + float(line.split()[-1])
+    return total or 0.0
+
+
+def test_serve_completions_chat_stream_and_errors(server):
+    from transformers import AutoTokenizer
+
+    model, port = server
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = prompts_of([6, 19], seed=5)
+    want = hf_greedy(model, prompts, 8)
+    for p, w in zip(prompts, want):
+        body = dict(model="tiny", prompt=p, max_tokens=8, temperature=0, ignore_eos=True,
+                    return_token_ids=True)
+        status, text = _http(port, "POST", "/v1/completions", body)
+        assert status == 200, text
+        choice = json.loads(text)["choices"][0]
+        assert choice["token_ids"] == w
+        # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence
+        assert tok.decode(w).startswith(choice["text"])
+        assert sum(_stream(port, body), []) == w
+
+    status, text = _http(port, "POST", "/v1/chat/completions",
+                         dict(model="tiny", messages=[{"role": "user", "content": "the quick fox"}],
+                              max_tokens=5, temperature=0))
+    assert status == 200, text
+    reply = json.loads(text)
+    assert reply["choices"][0]["message"]["role"] == "assistant"
+    assert reply["usage"]["completion_tokens"] <= 5
+
+    # vLLM's own HTTP errors, and the server keeps serving
+    too_long = dict(model="tiny", prompt=list(range(3, 200)), max_tokens=4)
+    assert _http(port, "POST", "/v1/completions", too_long)[0] == 400
+    assert _http(port, "POST", "/v1/completions", dict(model="nope", prompt="a", max_tokens=2))[0] == 404
+    assert _http(port, "POST", "/v1/completions", dict(model="tiny", prompt="a", temperature=-1))[0] == 400
+    assert _http(port, "POST", "/v1/completions", dict(model="tiny", prompt=prompts[0], max_tokens=2))[0] == 200
+
+
+def test_serve_client_disconnect_frees_the_request(server):
+    import time
+
+    _, port = server
+    long = dict(model="tiny", prompt=prompts_of([10], seed=6)[0], max_tokens=100, temperature=0,
+                ignore_eos=True, return_token_ids=True)
+    generated = _metric(port, "vllm:generation_tokens_total")
+    assert len(_stream(port, long, stop_after=2)) == 2  # read two chunks, then hang up
+    deadline = time.time() + 60
+    while _metric(port, "vllm:num_requests_running") > 0:
+        assert time.time() < deadline, "the abandoned request is still running"
+        time.sleep(0.5)
+    # it was aborted (its blocks freed), not run to its 100 tokens
+    assert _metric(port, "vllm:generation_tokens_total") - generated < 100
+    assert _metric(port, "vllm:kv_cache_usage_perc") == 0.0
+    assert _http(port, "POST", "/v1/completions", dict(model="tiny", prompt="fox", max_tokens=3))[0] == 200

@@ -22,6 +22,9 @@ def write_tokenizer(path: str, vocab_size: int = 512):
     tok.train_from_iterator([CORPUS], trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>")
+    # a plain chat template, so /v1/chat/completions has one
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}assistant:{% endif %}")
     fast.save_pretrained(path)
     return fast
 
