@@ -1,8 +1,11 @@
 """Paged attention for vLLM on `tpu`, in torch (no vLLM CUDA or Triton kernel).
 
-The KV cache of a layer is one tensor `[2, num_blocks, block_size, num_kv_heads, head_size]`
-(keys, values). A step's tokens are written to their slots (`slot = block * block_size + offset`,
-computed by the model runner), then each request attends over the keys its block table names.
+The KV cache of a layer is one tensor `[num_blocks, block_size, 2, num_kv_heads, head_size]`
+(each slot holds its key and its value side by side). A step's tokens are written to their slots
+(`slot = block * block_size + offset`, computed by the model runner) with one `index_copy_` on the
+whole cache seen as `[slots, 2, Hkv, D]` (an in-place update of the full tensor updates its buffer
+in place; one on a slice such as `cache[0]` would copy the slice), then each request attends over
+the keys its block table names.
 
 The runner groups a step's requests into decodes (one query token) and prefills (several,
 chunked prefills and prompts with a cached prefix included) and pads each group to a bucket,
@@ -73,7 +76,7 @@ class TpuAttentionBackend(AttentionBackend):
 
     @staticmethod
     def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str="auto"):
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        return (num_blocks, block_size, 2, num_kv_heads, head_size)
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
@@ -115,11 +118,10 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
             return output.zero_()
         md: TpuAttentionMetadata = attn_metadata
         hkv, d = self.num_kv_heads, self.head_size
-        flat = kv_cache.view(2, -1, hkv, d)  # [2, num_blocks * block_size, Hkv, D]
+        flat = kv_cache.view(-1, 2, hkv, d)  # [num_blocks * block_size, 2, Hkv, D]
         if self.kv_sharing_target_layer_name is None:
             n = md.slot_mapping.shape[0]
-            flat[0].index_copy_(0, md.slot_mapping, key[:n].to(flat.dtype))
-            flat[1].index_copy_(0, md.slot_mapping, value[:n].to(flat.dtype))
+            flat.index_copy_(0, md.slot_mapping, torch.stack([key[:n], value[:n]], 1).to(flat.dtype))
         rows = [self._attend(query, flat, g) for g in md.groups]
         out = rows[0] if len(rows) == 1 else torch.cat(rows)
         n_out = md.output_index.shape[0]
@@ -130,11 +132,11 @@ class TpuAttentionImpl(AttentionImpl[TpuAttentionMetadata]):
         r, q = g.token_index.shape
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_size
         qs = query.index_select(0, g.token_index.reshape(-1)).view(r, q, h, d).transpose(1, 2)
-        keys = flat[0].index_select(0, g.key_slots.reshape(-1))
-        vals = flat[1].index_select(0, g.key_slots.reshape(-1))
+        kv = flat.index_select(0, g.key_slots.reshape(-1))  # [R * L, 2, Hkv, D]
         length = g.key_slots.shape[1]
-        ks = keys.view(r, length, hkv, d).transpose(1, 2).to(qs.dtype)
-        vs = vals.view(r, length, hkv, d).transpose(1, 2).to(qs.dtype)
+        kv = kv.view(r, length, 2, hkv, d).to(qs.dtype)
+        ks = kv[:, :, 0].transpose(1, 2)
+        vs = kv[:, :, 1].transpose(1, 2)
         if hkv != h:  # grouped-query attention: each kv head serves h // hkv query heads
             ks = ks.repeat_interleave(h // hkv, dim=1)
             vs = vs.repeat_interleave(h // hkv, dim=1)

@@ -2,7 +2,8 @@
 
 Per step: follow the scheduler's request changes (the persistent `InputBatch` of vLLM, kept on
 the host for sampling), lay out the step's tokens, slots and attention groups on the host (numpy),
-padded to buckets so that a step has few distinct shapes, run vLLM's model on `tpu`, read back the
+padded to buckets so that a step has few distinct shapes, run vLLM's model on `tpu` as one fused
+program per step shape (DeferAndFuse), read back the
 logits of each request's last token and sample them with vLLM's own `Sampler` on the host.
 
 vLLM's GPU runner is not reused: it is built on CUDA streams, events, pinned memory and Triton
@@ -13,6 +14,7 @@ import time
 
 import numpy as np
 import torch
+import torch_tpu
 from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
@@ -22,7 +24,7 @@ from vllm.v1.sample.logits_processor import build_logitsprocs
 from vllm.v1.sample.sampler import Sampler
 from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
-from .attention import TpuAttentionGroup, TpuAttentionMetadata
+from .attention import TpuAttentionBackend, TpuAttentionGroup, TpuAttentionMetadata
 
 logger = init_logger(__name__)
 
@@ -97,7 +99,8 @@ class TpuModelRunner:
         spec = kv_cache_config.kv_cache_groups[0].kv_cache_spec
         if spec.block_size != self.block_size:
             raise NotImplementedError(f"tpu: KV block size {spec.block_size} != {self.block_size}")
-        shape = (2, kv_cache_config.num_blocks, spec.block_size, spec.num_kv_heads, spec.head_size)
+        shape = TpuAttentionBackend.get_kv_cache_shape(kv_cache_config.num_blocks, spec.block_size,
+                                                       spec.num_kv_heads, spec.head_size)
         ctx = self.vllm_config.compilation_config.static_forward_context
         self.kv_caches = []
         for tensor in kv_cache_config.kv_cache_tensors:
@@ -236,9 +239,11 @@ class TpuModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
         ids, pos, md, last, partial, total, tpad = self._prepare(so)
-        with set_forward_context(md, self.vllm_config, num_tokens=tpad, slot_mapping={}):
+        # one fused program per step shape (DeferAndFuse), run at the logits' read-back
+        with torch_tpu.eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE), \
+                set_forward_context(md, self.vllm_config, num_tokens=tpad, slot_mapping={}):
             hidden = self.model(input_ids=ids, positions=pos)
-        logits = self.model.compute_logits(hidden.index_select(0, last))
+            logits = self.model.compute_logits(hidden.index_select(0, last))
         self._pending = (so, logits.to(HOST, torch.float32), partial)
         return None
 

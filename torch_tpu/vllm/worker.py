@@ -4,6 +4,7 @@ these methods by name)."""
 import time
 
 import torch
+import torch_tpu
 from vllm import envs
 from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 from vllm.logger import init_logger
@@ -34,6 +35,10 @@ class TpuWorker(WorkerBase):
         ensure_model_parallel_initialized(self.parallel_config.tensor_parallel_size,
                                           self.parallel_config.pipeline_parallel_size)
         set_random_seed(self.model_config.seed)
+        # The runner pads every step to its own buckets; the engine's size policy (bounded
+        # dynamism: programs at a bound with the size as a parameter, slower per run) would only
+        # add a second padding. This process runs nothing but the engine.
+        torch_tpu._C._set_dynamism(False)
         self.model_runner = TpuModelRunner(self.vllm_config, self.device)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
