@@ -55,7 +55,7 @@ def part_vllm(args):
 
     t0 = time.perf_counter()
     llm = LLM(model=args.model, dtype="float32", enforce_eager=True, max_model_len=512,
-              kv_cache_memory_bytes=1 << 30, seed=0, disable_log_stats=True)
+              kv_cache_memory_bytes=1 << 30, seed=0, disable_log_stats=False)
     startup = time.perf_counter() - t0
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(args.requests)]
     sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
