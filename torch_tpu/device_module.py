@@ -261,9 +261,39 @@ def current_stream(device=None):
 default_stream = current_stream
 
 
-@contextlib.contextmanager
+class StreamContext:
+    """As torch.cuda.StreamContext: makes `stream` the current stream of its device inside the
+    block and restores the previous one after; reusable (entered again on every use, as SGLang's
+    scheduler does). `None` is a no-op. tpu has one in-order queue per device, so this changes
+    what current_stream() returns, not the order work runs in."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self._prev = []
+
+    def __enter__(self):
+        s = self.stream
+        if s is None:
+            return None
+        idx = s.device.index or 0
+        self._prev.append((idx, _streams.get(idx)))
+        _streams[idx] = s
+        return s
+
+    def __exit__(self, *exc):
+        if self.stream is None or not self._prev:
+            return False
+        idx, prev = self._prev.pop()
+        if prev is None:
+            _streams.pop(idx, None)
+        else:
+            _streams[idx] = prev
+        return False
+
+
 def stream(s):
-    yield s
+    """A StreamContext for `s` (as torch.cuda.stream)."""
+    return StreamContext(s)
 
 
 # ---- memory

@@ -235,3 +235,22 @@ def test_torch_accelerator_memory_calls():
     del z
     torch.accelerator.reset_peak_memory_stats()
     assert torch.accelerator.max_memory_allocated() == torch.accelerator.memory_allocated()
+
+
+def test_stream_context_is_reusable_and_sets_the_current_stream():
+    """torch.tpu.stream(s) returns a StreamContext (as torch.cuda.stream does) that can be entered
+    again and again (SGLang's scheduler keeps one and enters it per batch: a generator-based
+    context manager failed on its second use), and current_stream() is `s` inside it."""
+    assert torch.tpu.StreamContext is type(torch.tpu.stream(None))
+    default = torch.tpu.current_stream()
+    s = torch.tpu.Stream(priority=0)
+    ctx = torch.tpu.stream(s)
+    for _ in range(3):
+        with ctx as entered:
+            assert entered is s and torch.tpu.current_stream() is s
+            with torch.tpu.stream(default):
+                assert torch.tpu.current_stream() is default
+            assert torch.tpu.current_stream() is s
+        assert torch.tpu.current_stream() is default
+    with torch.tpu.stream(None):
+        assert torch.tpu.current_stream() is default
