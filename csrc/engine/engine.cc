@@ -1599,6 +1599,42 @@ void Engine::flush(int device) {
   if (!mismatch.empty()) throw rt::Error(mismatch);  // verify mode: a key bug fails loudly
 }
 
+namespace {
+// Copies the view (sizes, strides, offset in elements of `item` bytes) of `base` into
+// `dst` in row-major order: a memcpy per run of contiguous innermost elements.
+void copy_strided(void* dst, const char* base, int64_t item, const Shape& sizes, const Shape& strides,
+                  int64_t offset) {
+  char* out = static_cast<char*>(dst);
+  size_t k = sizes.size();
+  if (k == 0) {
+    std::memcpy(out, base + offset * item, static_cast<size_t>(item));
+    return;
+  }
+  // the innermost dims that are contiguous in memory form one run
+  size_t inner = k;
+  int64_t run = 1;
+  while (inner > 0 && (sizes[inner - 1] == 1 || strides[inner - 1] == run)) {
+    run *= sizes[inner - 1];
+    --inner;
+  }
+  size_t run_bytes = static_cast<size_t>(run * item);
+  std::vector<int64_t> idx(inner, 0);
+  while (true) {
+    int64_t at = offset;
+    for (size_t d = 0; d < inner; ++d) at += idx[d] * strides[d];
+    std::memcpy(out, base + at * item, run_bytes);
+    out += run_bytes;
+    size_t d = inner;
+    while (d > 0) {
+      if (++idx[d - 1] < sizes[d - 1]) break;
+      idx[d - 1] = 0;
+      --d;
+    }
+    if (d == 0) return;
+  }
+}
+}  // namespace
+
 void Engine::read(const View& v, void* dst) {
   int64_t n = hlo::numel(v.sizes);
   if (n == 0) return;
@@ -1613,6 +1649,16 @@ void Engine::read(const View& v, void* dst) {
     return;
   }
   StoragePtr src = v.st;
+  if (!whole && v.st->buffer && !v.st->dynamic() && v.st->typed && v.st->dtype == v.dtype &&
+      v.st->buffer->bytes() == v.st->nbytes) {
+    // a view of a buffer that lies in host memory (the CPU plugin): copy its elements
+    if (const void* base = v.st->buffer->host_data()) {
+      copy_strided(dst, static_cast<const char*>(base), hlo::itemsize(v.dtype), v.sizes, v.strides, v.offset);
+      metrics.d2h_transfers++;
+      metrics.d2h_bytes += static_cast<int64_t>(nbytes);
+      return;
+    }
+  }
   if (!whole) {
     // materialise the view into a fresh dense storage first (a dynamic one for a view
     // with dynamic dims, so the copy serves its bucket)

@@ -160,6 +160,8 @@ struct PJRT_Buffer_ToHostBuffer_Args {
 };
 struct PJRT_Buffer_OnDeviceSizeInBytes_Args { size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* buffer; size_t size; };
 struct PJRT_Buffer_ReadyEvent_Args { size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* buffer; PJRT_Event* event; };
+struct PJRT_Buffer_IsOnCpu_Args { size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* buffer; bool is_on_cpu; };
+struct PJRT_Buffer_UnsafePointer_Args { size_t struct_size; PJRT_Extension_Base* ext; PJRT_Buffer* buffer; uintptr_t buffer_pointer; };
 
 #define TT_FN(name) PJRT_Error* (*name)(name##_Args*)
 typedef void* PJRT_Slot;  // a function we never call
@@ -239,8 +241,9 @@ struct PJRT_Api {
   PJRT_Slot PJRT_Buffer_IsDeleted;
   PJRT_Slot PJRT_Buffer_CopyToDevice;
   TT_FN(PJRT_Buffer_ToHostBuffer);
-  PJRT_Slot PJRT_Buffer_IsOnCpu;
+  TT_FN(PJRT_Buffer_IsOnCpu);
   TT_FN(PJRT_Buffer_ReadyEvent);
+  TT_FN(PJRT_Buffer_UnsafePointer);
   // Later slots are not used.
 };
 #undef TT_FN
@@ -284,7 +287,9 @@ TT_SLOT(PJRT_Executable_DeserializeAndLoad, 56);
 TT_SLOT(PJRT_Buffer_Destroy, 58);
 TT_SLOT(PJRT_Buffer_OnDeviceSizeInBytes, 64);
 TT_SLOT(PJRT_Buffer_ToHostBuffer, 70);
+TT_SLOT(PJRT_Buffer_IsOnCpu, 71);
 TT_SLOT(PJRT_Buffer_ReadyEvent, 72);
+TT_SLOT(PJRT_Buffer_UnsafePointer, 73);
 #undef TT_SLOT
 
 // The first API minor version whose table holds every slot declared above

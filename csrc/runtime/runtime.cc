@@ -110,7 +110,44 @@ Buffer::~Buffer() {
   if (e) { try { check(api_, e, "Buffer_Destroy"); } catch (...) {} }
 }
 
+const void* Buffer::host_data() const {
+  if (on_host_ == 0) return nullptr;
+  if (on_host_ < 0) {
+    if (!api_->PJRT_Buffer_IsOnCpu || !api_->PJRT_Buffer_ReadyEvent || !api_->PJRT_Buffer_UnsafePointer) {
+      on_host_ = 0;  // optional slots this plugin leaves empty
+      return nullptr;
+    }
+    auto c = TT_ARGS(PJRT_Buffer_IsOnCpu_Args, is_on_cpu);
+    c.buffer = b_;
+    PJRT_Error* e = api_->PJRT_Buffer_IsOnCpu(&c);
+    if (e) {  // a plugin without it: its buffers are read through ToHostBuffer
+      try { check(api_, e, "Buffer_IsOnCpu"); } catch (...) {}
+      c.is_on_cpu = false;
+    }
+    on_host_ = c.is_on_cpu ? 1 : 0;
+    if (!on_host_) return nullptr;
+  }
+  if (!host_) {
+    auto r = TT_ARGS(PJRT_Buffer_ReadyEvent_Args, event);
+    r.buffer = b_;
+    check(api_, api_->PJRT_Buffer_ReadyEvent(&r), "Buffer_ReadyEvent");
+    Event ready(api_, r.event);
+    ready.await();  // the run that defines it has finished (or raises its error)
+    auto p = TT_ARGS(PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
+    p.buffer = b_;
+    check(api_, api_->PJRT_Buffer_UnsafePointer(&p), "Buffer_UnsafePointer");
+    host_ = reinterpret_cast<const void*>(p.buffer_pointer);
+  }
+  return host_;
+}
+
 void Buffer::to_host(void* dst, size_t nbytes) const {
+  if (nbytes == static_cast<size_t>(bytes_) && nbytes > 0) {
+    if (const void* p = host_data()) {
+      std::memcpy(dst, p, nbytes);
+      return;
+    }
+  }
   auto a = TT_ARGS(PJRT_Buffer_ToHostBuffer_Args, event);
   a.src = b_;
   a.dst = dst;

@@ -51,6 +51,10 @@ class Buffer {
   int64_t bytes() const { return bytes_; }
   // Copies the whole (dense, row-major) buffer to `dst`; blocks until done.
   void to_host(void* dst, size_t nbytes) const;
+  // The buffer's bytes, once its value is ready, where they already lie in this
+  // process's memory (the CPU plugin: dense, row-major, `bytes()` long); nullptr on
+  // plugins whose buffers live on a device. Valid while this Buffer lives.
+  const void* host_data() const;
   // Bytes held by live buffers of this process (device memory actually in use) and its peak.
   static int64_t live_bytes();
   static int64_t peak_bytes();
@@ -59,6 +63,8 @@ class Buffer {
   const PJRT_Api* api_;
   PJRT_Buffer* b_;
   int64_t bytes_ = 0;
+  mutable const void* host_ = nullptr;  // host_data(), once known
+  mutable int on_host_ = -1;            // -1: not asked yet
 };
 using BufferPtr = std::shared_ptr<Buffer>;
 
