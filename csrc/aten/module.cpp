@@ -467,6 +467,7 @@ PYBIND11_MODULE(_C, m) {
       engine::Engine::get().set_warn([](const std::string& msg) { TORCH_WARN(msg); });
       engine::Engine::get().set_site_source(&aten::current_python_site);
       aten::register_lowered_ops();
+      aten::install_profiler_observer();
       return c.num_devices();
     });
   });

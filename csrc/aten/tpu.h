@@ -38,6 +38,8 @@ int register_lowered_ops();
 void inject_invalid_op(const at::Tensor& t);
 void test_keyed_op(const at::Tensor& t, bool fail);
 at::PrivateUse1HooksInterface* hooks();
+// Turns the runtime's activity scopes into torch.profiler events (aten/profiler.cpp).
+void install_profiler_observer();
 std::vector<std::string> lowered_op_names();
 std::map<std::string, std::string> lowered_op_rules();  // registered op -> the rule it runs
 int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)

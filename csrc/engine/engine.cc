@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "runtime/activity.h"
 
 #include <algorithm>
 #include <chrono>
@@ -1009,12 +1010,48 @@ rt::ExecutablePtr Engine::compile(const std::string& text) {
   }
   auto t0 = std::chrono::steady_clock::now();
   auto exe = rt::Client::get().compile(text);
-  metrics.compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  metrics.compiles++;
+  note_compile(t0);
   disk_store(text, *exe);
   if (cache_.size() >= 8192) cache_.clear();
   cache_[text] = exe;
   return exe;
+}
+
+void Engine::note_compile(std::chrono::steady_clock::time_point t0) {
+  int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  metrics.compile_ns += ns;
+  metrics.compiles++;
+  progress_.compiled(ns);
+}
+
+void CompileProgress::compiled(int64_t ns) {
+  if (threshold_s_ < 0) {
+    const char* env = std::getenv("TORCH_TPU_COMPILE_PROGRESS");
+    char* end = nullptr;
+    double v = env && *env ? std::strtod(env, &end) : 5.0;
+    threshold_s_ = (env && *env && (end == env || v < 0)) ? 5.0 : v;
+    tty_ = isatty(2) != 0;
+  }
+  ++programs_;
+  ns_ += ns;
+  if (threshold_s_ == 0 || ns_ < static_cast<int64_t>(threshold_s_ * 1e9)) return;
+  if (shown_ && (!tty_ || ns_ - shown_at_ns_ < 500000000)) return;  // a terminal: twice a second at most
+  std::fprintf(stderr, "%storch_tpu: compiling programs for new shapes: %lld so far, %.1f s%s", tty_ ? "\r" : "",
+               static_cast<long long>(programs_), static_cast<double>(ns_) / 1e9,
+               tty_ ? "" : " (first runs at these shapes; later runs reuse them)\n");
+  std::fflush(stderr);
+  shown_ = true;
+  shown_at_ns_ = ns_;
+}
+
+void CompileProgress::end() {
+  if (shown_ && tty_) {
+    std::fprintf(stderr, "\rtorch_tpu: compiled %lld programs in %.1f s\n", static_cast<long long>(programs_),
+                 static_cast<double>(ns_) / 1e9);
+    std::fflush(stderr);
+  }
+  programs_ = ns_ = shown_at_ns_ = 0;
+  shown_ = false;
 }
 
 // ---- persistent cache. File: magic, key check, blob size, blob, blob checksum.
@@ -1414,8 +1451,7 @@ Program Engine::build_replicated(Graph& g, int replicas) {
   } catch (const rt::Error& err) {
     throw rt::Error(describe_failure(g, err.what()), err.code());
   }
-  metrics.compile_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  metrics.compiles++;
+  note_compile(t0);
   return p;
 }
 
@@ -1557,6 +1593,7 @@ void Engine::flush(int device) {
     return;
   }
   metrics.flushes++;
+  rt::activity::Scope scope(rt::activity::Kind::Flush, static_cast<int64_t>(g->ops.size()));
   auto t_start = std::chrono::steady_clock::now();
   struct Timer {
     std::chrono::steady_clock::time_point t0;
@@ -1653,6 +1690,7 @@ void Engine::read(const View& v, void* dst) {
       v.st->buffer->bytes() == v.st->nbytes) {
     // a view of a buffer that lies in host memory (the CPU plugin): copy its elements
     if (const void* base = v.st->buffer->host_data()) {
+      rt::activity::Scope scope(rt::activity::Kind::ToHost, static_cast<int64_t>(nbytes));
       copy_strided(dst, static_cast<const char*>(base), hlo::itemsize(v.dtype), v.sizes, v.strides, v.offset);
       metrics.d2h_transfers++;
       metrics.d2h_bytes += static_cast<int64_t>(nbytes);

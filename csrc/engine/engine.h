@@ -10,6 +10,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -135,6 +136,19 @@ struct Op {
   std::string key;
   std::vector<View> views;
   std::function<double(int)> current;  // the value a read of argument i would see now (-1: precision)
+};
+
+// A long run of compiles between two host reads (a first step at new shapes) shows one
+// progress line on stderr: updated in place on a terminal, printed once otherwise.
+// TORCH_TPU_COMPILE_PROGRESS=<seconds> sets when it appears (default 5; 0: never).
+class CompileProgress {
+ public:
+  void compiled(int64_t ns);
+  void end();  // a host read: the run of compiles is over
+ private:
+  int64_t programs_ = 0, ns_ = 0, shown_at_ns_ = 0;
+  double threshold_s_ = -1;
+  bool shown_ = false, tty_ = false;
 };
 
 struct Metrics {
@@ -381,7 +395,10 @@ class Engine {
       if (c && (c->index_.count(st.get()) || c->external_.count(st.get()))) return true;
     return false;
   }
-  void end_epoch() { ++epoch_; }
+  void end_epoch() {
+    ++epoch_;
+    progress_.end();
+  }
   bool dynamism() const { return dynamism_; }
   // compiled programs with dynamic dims, by their bounds ("16", "16,64")
   std::map<std::string, int64_t> programs_per_bucket() const { return programs_per_bucket_; }
@@ -511,6 +528,8 @@ class Engine {
   int64_t align_ = 128;
   bool dynamism_ = true;
   int64_t epoch_ = 0;
+  CompileProgress progress_;
+  void note_compile(std::chrono::steady_clock::time_point t0);  // metrics and progress
   int64_t site_generation_ = 0;
   struct SiteSizes {
     int64_t epoch = -1;

@@ -1,4 +1,5 @@
 #include "runtime/runtime.h"
+#include "runtime/activity.h"
 
 #include <dlfcn.h>
 
@@ -69,6 +70,14 @@ bool Event::ready() const {
   a.event = ev_;
   check(api_, api_->PJRT_Event_IsReady(&a), "Event_IsReady");
   return a.is_ready;
+}
+
+void Event::wait() {
+  try {
+    await();
+  } catch (const Error&) {
+    // the run's error stays with the event: whoever awaits it next raises it
+  }
 }
 
 void Event::await() {
@@ -142,6 +151,7 @@ const void* Buffer::host_data() const {
 }
 
 void Buffer::to_host(void* dst, size_t nbytes) const {
+  activity::Scope scope(activity::Kind::ToHost, static_cast<int64_t>(nbytes));
   if (nbytes == static_cast<size_t>(bytes_) && nbytes > 0) {
     if (const void* p = host_data()) {
       std::memcpy(dst, p, nbytes);
@@ -202,11 +212,16 @@ std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Bu
   a.output_lists = &out_list;
   a.device_complete_events = &done;
   a.execute_device = client_->device(device);
+  activity::Scope scope(activity::Kind::Execute, static_cast<int64_t>(args.size()));
   check(api, api->PJRT_LoadedExecutable_Execute(&a), "Execute");
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
   for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(api, b));
-  if (done) client_->track(std::make_unique<Event>(api, done));
+  if (done) {
+    auto ev = std::make_unique<Event>(api, done);
+    if (scope.recording()) ev->wait();  // while profiling, a run's scope lasts until it finished
+    client_->track(std::move(ev));
+  }
   return result;
 }
 
@@ -234,11 +249,16 @@ std::vector<std::vector<BufferPtr>> Executable::execute_replicated(const std::ve
   a.output_lists = out_lists.data();
   a.device_complete_events = done.data();
   a.execute_device = nullptr;  // every device of the executable's assignment
+  activity::Scope scope(activity::Kind::Execute, static_cast<int64_t>(n * args[0].size()));
   check(api, api->PJRT_LoadedExecutable_Execute(&a), "Execute (replicated)");
   std::vector<std::vector<BufferPtr>> result(n);
   for (size_t i = 0; i < n; ++i) {
     for (PJRT_Buffer* b : outs[i]) result[i].push_back(std::make_shared<Buffer>(api, b));
-    if (done[i]) client_->track(std::make_unique<Event>(api, done[i]));
+    if (done[i]) {
+      auto ev = std::make_unique<Event>(api, done[i]);
+      if (scope.recording()) ev->wait();
+      client_->track(std::move(ev));
+    }
   }
   return result;
 }
@@ -412,6 +432,7 @@ ExecutablePtr Client::compile(const std::string& text) {
   a.program = &prog;
   a.compile_options = kCompileOptions;
   a.compile_options_size = sizeof(kCompileOptions);
+  activity::Scope scope(activity::Kind::Compile, static_cast<int64_t>(text.size()));
   check(api_, api_->PJRT_Client_Compile(&a), "Compile");
   return std::make_shared<Executable>(this, a.executable);
 }
@@ -433,6 +454,7 @@ ExecutablePtr Client::compile_replicated(const std::string& text, int num_replic
   a.program = &prog;
   a.compile_options = options;
   a.compile_options_size = sizeof(options);
+  activity::Scope scope(activity::Kind::Compile, static_cast<int64_t>(text.size()));
   check(api_, api_->PJRT_Client_Compile(&a), "Compile (replicated)");
   return std::make_shared<Executable>(this, a.executable);
 }
@@ -443,6 +465,7 @@ ExecutablePtr Client::deserialize(const std::string& bytes) {
   a.bytes = bytes.data();
   a.bytes_size = bytes.size();
   if (!api_->PJRT_Executable_DeserializeAndLoad) throw Error("the PJRT plugin cannot load serialized executables");
+  activity::Scope scope(activity::Kind::LoadProgram, static_cast<int64_t>(bytes.size()));
   check(api_, api_->PJRT_Executable_DeserializeAndLoad(&a), "Executable_DeserializeAndLoad");
   return std::make_shared<Executable>(this, a.loaded);
 }
@@ -456,6 +479,9 @@ BufferPtr Client::from_host(const void* data, PJRT_Buffer_Type type, const std::
   a.num_dims = dims.size();
   a.host_buffer_semantics = kImmutableOnlyDuringCall;
   a.device = device(dev);
+  int64_t nbytes = byte_size(type);
+  for (int64_t d : dims) nbytes *= d;
+  activity::Scope scope(activity::Kind::ToDevice, nbytes);
   check(api_, api_->PJRT_Client_BufferFromHostBuffer(&a), "BufferFromHostBuffer");
   auto buf = std::make_shared<Buffer>(api_, a.buffer);
   if (a.done_with_host_buffer) {

@@ -35,6 +35,7 @@ class Event {
   Event& operator=(const Event&) = delete;
   bool ready() const;
   void await();  // throws the event's error, if any
+  void wait();   // blocks until ready; the error, if any, is left for await()
  private:
   const PJRT_Api* api_;
   PJRT_Event* ev_;
