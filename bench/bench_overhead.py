@@ -71,15 +71,10 @@ def latency():
     print()
 
 
-DECODE = r"""
-import json, time, torch, torch_tpu
-from transformers import LlamaConfig, LlamaForCausalLM
-cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False)
-torch.manual_seed(0)
-cpu = LlamaForCausalLM(cfg).eval()
-tpu = LlamaForCausalLM(cfg).eval(); tpu.load_state_dict(cpu.state_dict()); tpu = tpu.to("tpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_dynamic import LLAMA  # noqa: E402  the same tiny Llama on CPU and on tpu
+
+DECODE = LLAMA + r"""
 torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
 torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
 ids = torch.randint(2, 256, (1, 8), generator=torch.Generator().manual_seed(8))
