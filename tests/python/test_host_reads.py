@@ -52,13 +52,8 @@ def test_reading_a_view_runs_no_program_on_a_host_memory_plugin():
         assert runs <= 3  # a device plugin materialises each view first
 
 
-def test_read_waits_for_the_program_that_writes_the_buffer():
-    prev = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # tpu's default multiplies bf16 operands
-    try:
-        _chain_then_read()
-    finally:
-        torch.set_float32_matmul_precision(prev)
+def test_read_waits_for_the_program_that_writes_the_buffer(highest):
+    _chain_then_read()
 
 
 def _chain_then_read():
