@@ -1028,8 +1028,8 @@ void CompileProgress::compiled(int64_t ns) {
   if (threshold_s_ < 0) {
     const char* env = std::getenv("TORCH_TPU_COMPILE_PROGRESS");
     char* end = nullptr;
-    double v = env && *env ? std::strtod(env, &end) : 5.0;
-    threshold_s_ = (env && *env && (end == env || v < 0)) ? 5.0 : v;
+    double v = env ? std::strtod(env, &end) : -1;
+    threshold_s_ = (env && end != env && v >= 0) ? v : 5.0;  // unset or not a number: 5 s
     tty_ = isatty(2) != 0;
   }
   ++programs_;

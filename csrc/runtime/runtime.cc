@@ -193,6 +193,13 @@ Executable::~Executable() {
   if (e) { try { check(api, e, "LoadedExecutable_Destroy"); } catch (...) {} }
 }
 
+void Executable::track_run(PJRT_Event* done, bool wait) {
+  if (!done) return;
+  auto ev = std::make_unique<Event>(client_->api(), done);
+  if (wait) ev->wait();  // while profiling, a run's scope lasts until it finished
+  client_->track(std::move(ev));
+}
+
 std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Buffer*>& args,
                                            const std::vector<int64_t>& keep) {
   const PJRT_Api* api = client_->api();
@@ -217,11 +224,7 @@ std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Bu
   std::vector<BufferPtr> result;
   result.reserve(outs.size());
   for (PJRT_Buffer* b : outs) result.push_back(std::make_shared<Buffer>(api, b));
-  if (done) {
-    auto ev = std::make_unique<Event>(api, done);
-    if (scope.recording()) ev->wait();  // while profiling, a run's scope lasts until it finished
-    client_->track(std::move(ev));
-  }
+  track_run(done, scope.recording());
   return result;
 }
 
@@ -254,11 +257,7 @@ std::vector<std::vector<BufferPtr>> Executable::execute_replicated(const std::ve
   std::vector<std::vector<BufferPtr>> result(n);
   for (size_t i = 0; i < n; ++i) {
     for (PJRT_Buffer* b : outs[i]) result[i].push_back(std::make_shared<Buffer>(api, b));
-    if (done[i]) {
-      auto ev = std::make_unique<Event>(api, done[i]);
-      if (scope.recording()) ev->wait();
-      client_->track(std::move(ev));
-    }
+    track_run(done[i], scope.recording());
   }
   return result;
 }

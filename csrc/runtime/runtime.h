@@ -87,6 +87,7 @@ class Executable {
   std::vector<std::vector<BufferPtr>> execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args);
   std::string serialize() const;  // empty when the plugin cannot serialize
  private:
+  void track_run(PJRT_Event* done, bool wait);  // bounds runs in flight (Client::track)
   Client* client_;
   PJRT_LoadedExecutable* e_;
   size_t num_outputs_ = 0;
