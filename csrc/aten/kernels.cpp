@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <set>
@@ -55,21 +56,33 @@ auto guarded(const char* what, F&& f) -> decltype(f()) {
 }
 
 // ---------------------------------------------------------------- op metadata
+struct Call;
+struct Bucketing;
+// An op's quirks, as small functions that the generic kernel's stages call; an op with none
+// takes the generic path only. Their table (kHooks) is below the kernel, one row per op.
+struct OpHooks {
+  bool cpu_indices = false;  // its index list may hold CPU tensors, as on CUDA: uploaded first
+  // rewrites arguments before the Meta kernel sees them; true when it has finished the call
+  bool (*prepare)(Call&) = nullptr;
+  // edits a bucketed call's arguments at the bounds (past: how far past them)
+  void (*at_bounds)(const Bucketing& bk, const torch::jit::Stack& args, torch::jit::Stack& at_bounds, int64_t past) = nullptr;
+};
+
+// What the generic kernel knows of one registered op, computed once when it is registered
+// (LoweredOp holds it).
 struct OpInfo {
   std::string name;                 // "aten::add_.Tensor"
   const lower::Rule* rule = nullptr;
   std::vector<int> rule_args;       // schema argument indices the rule sees
   std::vector<int> ret_alias;       // per return: aliased (written) argument, or -1
   bool factory = false;             // no tensor inputs among rule_args
-  bool mask_indices = false;        // x[indices] ops: boolean masks become coordinates first
   bool bucketed = false;            // its rule runs on bucketed values (lower::bucketed_rule)
   // an in-place or out= variant of an elementwise op: the functional op, whose result
   // type the rule computes in before the cast into the target (lower::casts_to_output)
   std::optional<c10::OperatorHandle> functional;
+  OpHooks hooks;
 };
 
-std::mutex g_info_mu;
-std::unordered_map<const c10::FunctionSchema*, OpInfo> g_infos;
 std::unordered_map<std::string, std::string> g_rule_for;  // op name -> rule name
 std::vector<std::string> g_lowered;
 
@@ -79,48 +92,6 @@ std::string op_name(const c10::OperatorName& n) {
 
 bool is_out_arg(const c10::Argument& a) {
   return a.kwarg_only() && a.alias_info() && a.alias_info()->isWrite();
-}
-
-const OpInfo& info_for(const c10::OperatorHandle& op) {
-  const c10::FunctionSchema* key = &op.schema();
-  std::lock_guard<std::mutex> lock(g_info_mu);
-  auto it = g_infos.find(key);
-  if (it != g_infos.end()) return it->second;
-  OpInfo info;
-  const auto& s = op.schema();
-  info.name = op_name(s.operator_name());
-  auto r = g_rule_for.find(info.name);
-  info.rule = r == g_rule_for.end() ? nullptr : lower::find_rule(r->second);
-  info.bucketed = info.rule && lower::bucketed_rule(info.name);
-  if (info.rule && r->second != info.name && lower::casts_to_output(r->second)) {
-    auto dot = r->second.find('.', 6);
-    info.functional = c10::Dispatcher::singleton().findSchema(
-        {r->second.substr(0, dot), dot == std::string::npos ? "" : r->second.substr(dot + 1)});
-  }
-  const auto& args = s.arguments();
-  bool any_tensor = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (is_out_arg(args[i])) continue;
-    info.rule_args.push_back(static_cast<int>(i));
-    auto k = args[i].type()->kind();
-    if (k == c10::TypeKind::TensorType || k == c10::TypeKind::ListType ||
-        (k == c10::TypeKind::OptionalType &&
-         args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType))
-      any_tensor = true;
-  }
-  info.factory = !any_tensor;
-  info.mask_indices = s.name() == "aten::index" || s.name() == "aten::index_put" || s.name() == "aten::index_put_" ||
-                      s.name() == "aten::_index_put_impl" || s.name() == "aten::_index_put_impl_";
-  for (const auto& ret : s.returns()) {
-    int alias = -1;
-    if (ret.alias_info() && ret.alias_info()->isWrite()) {
-      for (size_t i = 0; i < args.size(); ++i)
-        if (args[i].alias_info() && args[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
-          alias = static_cast<int>(i);
-    }
-    info.ret_alias.push_back(alias);
-  }
-  return g_infos.emplace(key, std::move(info)).first->second;
 }
 
 // ---------------------------------------------------------------- meta
@@ -1013,18 +984,11 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
     return shapes;
   };
   const auto& schema = op.schema();
-  // arange(start, end, step, out=) into a dynamic out: the count at the bound (its rule
-  // reads start and step only)
-  auto arange_at_bound = [&](torch::jit::Stack& st, int64_t plus) {
-    if (info.name != "aten::arange.start_out" || st.size() < 4 || !args[3].isTensor()) return;
-    engine::View o = view(args[3].toTensor());
-    if (o.bound.size() != 1 || o.bound[0] <= 0) return;
-    double start = st[0].toScalar().toDouble(), step = st[2].toScalar().toDouble();
-    double end = start + static_cast<double>(o.bound[0] + plus) * step;
-    st[1] = st[0].isInt() && st[2].isInt() ? c10::IValue(static_cast<int64_t>(end)) : c10::IValue(end);
+  auto hook_at_bounds = [&](torch::jit::Stack& st, int64_t past) {
+    if (info.hooks.at_bounds) info.hooks.at_bounds(bk, args, st, past);
   };
   torch::jit::Stack ms = bucket_stack(schema, args, view, bk.sizes, 0, true);
-  arange_at_bound(ms, 0);
+  hook_at_bounds(ms, 0);
   bk.key = signature(op, ms, info.factory);
   bk.key += 'B';  // which dims are dynamic (the shapes at the bounds do not tell)
   for_each_tensor(args, [&](const at::Tensor& t) {
@@ -1049,7 +1013,7 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
   }
   if (!bm.ok && (bm.at_bound.rets.empty())) {
     torch::jit::Stack past = bucket_stack(schema, args, view, bk.sizes, 1, true);
-    arange_at_bound(past, 1);
+    hook_at_bounds(past, 1);
     bm.ok = meta_of(op, ms, bm.at_bound) && meta_of(op, past, bm.past_bound);
     if (!bm.ok) bm.at_bound.rets.clear();
     std::lock_guard<std::mutex> lock(g_bucket_mu);
@@ -1119,7 +1083,7 @@ Bucketing plan_bucketing(const c10::OperatorHandle& op, const OpInfo& info, cons
   }
   bk.out_bound = std::move(out_bound);
   bk.args = bucket_stack(schema, args, view, bk.sizes, 0, false);
-  arange_at_bound(bk.args, 0);
+  hook_at_bounds(bk.args, 0);
   {
     std::lock_guard<std::mutex> lock(g_bucket_mu);
     g_bucketed_counts[info.name]++;
@@ -1145,236 +1109,308 @@ void make_output_dynamic(const at::Tensor& out, const std::vector<int64_t>& boun
 }
 
 // ---------------------------------------------------------------- the generic kernel
-void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
-  const OpInfo& info = info_for(op);
-  const auto& schema = op.schema();
-  size_t nargs = schema.arguments().size();
-  auto args_begin = stack->end() - static_cast<std::ptrdiff_t>(nargs);
-  torch::jit::Stack args(args_begin, stack->end());
-
-  // device and argument checks
+// One call of a lowered op, as the stages of LoweredOp::operator() see it.
+struct Call {
+  Call(const c10::OperatorHandle& op, const OpInfo& info, torch::jit::Stack* stack)
+      : op(op), info(info), schema(op.schema()), stack(stack), nargs(schema.arguments().size()),
+        args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end()) {}
+  const c10::OperatorHandle& op;
+  const OpInfo& info;
+  const c10::FunctionSchema& schema;
+  torch::jit::Stack* stack;
+  size_t nargs;
+  torch::jit::Stack args;  // the arguments as the Meta kernel and the rule see them
   int device = -1;
+  MetaResult meta;         // the outputs' types and sizes
+  std::string key;         // the call's signature (the Meta cache's key)
+  bool meta_miss = false;  // the Meta kernel ran for it (a new signature)
+  bool all_empty = false;  // every output empty: nothing to compute
+  // per output: the type the rule computes in, where it differs from the output's
+  std::vector<std::optional<c10::ScalarType>> compute_dtype;
+  std::vector<at::Tensor> outs;
+
+  // rewrites argument i both for the rule and for a CPU fallback of the call
+  void set_arg(size_t i, c10::IValue v) {
+    args[i] = v;
+    *(stack->end() - static_cast<std::ptrdiff_t>(nargs - i)) = std::move(v);
+  }
+  // the call's results in place of its arguments
+  void finish(std::vector<at::Tensor> results) {
+    torch::jit::drop(*stack, nargs);
+    for (auto& t : results) stack->emplace_back(std::move(t));
+  }
+};
+
+// ---------------------------------------------------------------- per-op hooks
+// nansum(x, dim=[]) reduces every dim on CPU, but its Meta kernel keeps x's shape: dim=None
+bool nansum_empty_dims_are_all(Call& c) {
+  if (c.args.size() > 1 && c.args[1].isIntList() && c.args[1].toIntList().empty()) c.set_arg(1, c10::IValue());
+  return false;
+}
+
+// x[mask]: masks become coordinates first (a data-dependent count), as in PyTorch
+bool mask_to_coordinates(Call& c) {
+  if (!c.args[1].isList()) return false;
+  auto l = c.args[1].to<c10::List<std::optional<at::Tensor>>>();
+  if (expand_mask_indices(c.args[0].toTensor(), l)) c.set_arg(1, l);
+  return false;
+}
+
+// x[mask] = v over all of x is a select (no coordinates); other masks as for x[mask]
+bool masked_put(Call& c) {
+  if (auto r = masked_put_as_where(c.info.name, c.args)) {
+    c.finish({*r});
+    return true;
+  }
+  return mask_to_coordinates(c);
+}
+
+// arange(start, end, step, out=) into a dynamic out: the count at the out's bound (its rule
+// reads start and step only)
+void arange_count_at_bound(const Bucketing& bk, const torch::jit::Stack& args, torch::jit::Stack& st, int64_t past) {
+  if (st.size() < 4 || !args[3].isTensor()) return;
+  engine::View o = bk.view(args[3].toTensor());
+  if (o.bound.size() != 1 || o.bound[0] <= 0) return;
+  double start = st[0].toScalar().toDouble(), step = st[2].toScalar().toDouble();
+  double end = start + static_cast<double>(o.bound[0] + past) * step;
+  st[1] = st[0].isInt() && st[2].isInt() ? c10::IValue(static_cast<int64_t>(end)) : c10::IValue(end);
+}
+
+// One row per op with a quirk: the op's name (every overload) or one overload's.
+const std::pair<const char*, OpHooks> kHooks[] = {
+    {"aten::index", {true, mask_to_coordinates}},
+    {"aten::index_put", {true, masked_put}},
+    {"aten::index_put_", {true, masked_put}},
+    {"aten::_index_put_impl", {true, masked_put}},
+    {"aten::_index_put_impl_", {true, masked_put}},
+    {"aten::nansum", {false, nansum_empty_dims_are_all}},
+    {"aten::arange.start_out", {false, nullptr, arange_count_at_bound}},
+};
+
+OpHooks hooks_for(const c10::FunctionSchema& s, const std::string& name) {
+  for (const auto& [op, hooks] : kHooks)
+    if (s.name() == op || name == op) return hooks;
+  return {};
+}
+
+// ---------------------------------------------------------------- the kernel's stages
+// Time per stage, summed over calls (TORCH_TPU_STAGE_TIMES=1; torch_tpu._C._stage_times()).
+// A hook that runs tpu ops (mask coordinates) counts them in its own stage too.
+enum Stage { kDevices, kArguments, kMeta, kParity, kOutputs, kTypes, kBucketing, kTransaction, kRun, kResults, kStages };
+const char* const kStageNames[kStages] = {"devices",   "arguments",   "meta", "cpu_parity", "outputs", "compute_types",
+                                          "bucketing", "transaction", "run",  "results"};
+std::atomic<int64_t> g_stage_ns[kStages];
+std::atomic<int64_t> g_stage_calls{0};
+
+class StageClock {
+ public:
+  StageClock() : on_(enabled()), last_(on_ ? now() : 0) {}
+  void lap(Stage s) {
+    if (!on_) return;
+    int64_t t = now();
+    g_stage_ns[s].fetch_add(t - last_, std::memory_order_relaxed);
+    last_ = t;
+    if (s == kResults) g_stage_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  static bool enabled() {
+    static const bool on = [] {
+      const char* e = std::getenv("TORCH_TPU_STAGE_TIMES");
+      return e && *e && std::string(e) != "0";
+    }();
+    return on;
+  }
+
+ private:
+  static int64_t now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  bool on_;
+  int64_t last_;
+};
+
+// 1. The call's device: every tensor on it, but CPU scalars (and the CPU index tensors of the
+// ops that take them); lazy conjugate / negative inputs materialized; outputs that overlap
+// inputs rejected.
+void check_devices(Call& c) {
   c10::Device first_dev(c10::kCPU);
-  // CPU index tensors are allowed (as on CUDA) by index/index_put and by _index_put_impl_,
-  // which the backward of x[cpu_indices] calls
-  bool allow_cpu_tensors = info.name.rfind("aten::index", 0) == 0 || info.name.rfind("aten::_index_put_impl", 0) == 0;
-  auto visit_tensor = [&](at::Tensor& t, bool replace_ok) {
+  auto visit = [&](const at::Tensor& t, bool in_index_list) {
     if (!t.defined()) return;
     if (t.device().type() == kTpu) {
-      if (device < 0) {
-        device = t.device().index();
+      if (c.device < 0) {
+        c.device = t.device().index();
         first_dev = t.device();
-      } else if (t.device().index() != device) {
+      } else if (t.device().index() != c.device) {
         device_mismatch(first_dev, t.device());
       }
-    } else if (!cpu_scalar(t) && !(allow_cpu_tensors && replace_ok)) {
-      device_mismatch(device >= 0 ? first_dev : c10::Device(kTpu, 0), t.device());
+    } else if (!cpu_scalar(t) && !(c.info.hooks.cpu_indices && in_index_list)) {
+      device_mismatch(c.device >= 0 ? first_dev : c10::Device(kTpu, 0), t.device());
     }
   };
-  // Lazy conjugate / negative views (x.conj(), x.mH) reach this kernel for the ops that
-  // PyTorch's Conjugate and Negative fallbacks let through because the CPU and CUDA
-  // kernels read the bit themselves (mm, bmm, addmm, dot, mv, clone, ...). Rules see
-  // values, so such an input is materialized first (through copy_, which resolves the
-  // bits); an argument the op writes keeps its bits.
-  for (size_t i = 0; i < nargs; ++i) {
-    if (!args[i].isTensor()) continue;
-    const at::Tensor& t = args[i].toTensor();
+  // x.conj() and x.mH reach this kernel for the ops that PyTorch's Conjugate and Negative
+  // fallbacks let through because the CPU and CUDA kernels read the bit themselves (mm, bmm,
+  // addmm, dot, mv, clone, ...). Rules see values, so such an input is materialized first
+  // (copy_ resolves the bits); an argument the op writes keeps its bits.
+  for (size_t i = 0; i < c.nargs; ++i) {
+    if (!c.args[i].isTensor()) continue;
+    const at::Tensor& t = c.args[i].toTensor();
     if (!t.defined() || !(t.is_conj() || t.is_neg()) || t.device().type() != kTpu) continue;
-    const auto* alias = schema.arguments()[i].alias_info();
-    if (!(alias && alias->isWrite()))
-      *(args_begin + static_cast<std::ptrdiff_t>(i)) = args[i] = t.resolve_conj().resolve_neg();
+    const auto* alias = c.schema.arguments()[i].alias_info();
+    if (!(alias && alias->isWrite())) c.set_arg(i, t.resolve_conj().resolve_neg());
   }
-  for (auto& v : args) {
+  for (auto& v : c.args) {
     if (v.isTensor()) {
-      at::Tensor t = v.toTensor();
-      visit_tensor(t, false);
+      visit(v.toTensor(), false);
     } else if (v.isTensorList()) {
-      for (at::Tensor t : v.toTensorList()) visit_tensor(t, false);
+      for (const at::Tensor& t : v.toTensorList()) visit(t, false);
     } else if (v.isList()) {
       auto l = v.toList();
       for (size_t i = 0; i < l.size(); ++i)
-        if (l.get(i).isTensor()) {
-          at::Tensor t = l.get(i).toTensor();
-          visit_tensor(t, true);
-        }
-    } else if (v.isDevice() && v.toDevice().type() == kTpu && device < 0) {
-      device = v.toDevice().has_index() ? v.toDevice().index() : current_device();
+        if (l.get(i).isTensor()) visit(l.get(i).toTensor(), true);
+    } else if (v.isDevice() && v.toDevice().type() == kTpu && c.device < 0) {
+      c.device = v.toDevice().has_index() ? v.toDevice().index() : current_device();
     }
   }
-  if (device < 0) device = current_device();
-  check_overlap(op, args);
-  if (allow_cpu_tensors) {  // upload CPU index tensors
-    for (auto& v : args)
-      if (v.isList()) {
-        auto l = v.toList();
-        bool changed = false;
-        c10::List<std::optional<at::Tensor>> nl;
-        for (size_t i = 0; i < l.size(); ++i) {
-          auto e = l.get(i);
-          bool defined = e.isTensor() && e.toTensor().defined();
-          if (defined && e.toTensor().device().is_cpu()) {
-            nl.push_back(upload(e.toTensor(), device));
-            changed = true;
-          } else {
-            nl.push_back(defined ? std::optional<at::Tensor>(e.toTensor()) : std::optional<at::Tensor>());
-          }
-        }
-        if (changed) v = nl;
+  if (c.device < 0) c.device = current_device();
+  check_overlap(c.op, c.args);
+}
+
+// 2. Arguments as the Meta kernel and the rule take them: CPU index tensors uploaded, then the
+// op's own hook. True when the hook finished the call.
+bool normalise_args(Call& c) {
+  if (c.info.hooks.cpu_indices)
+    for (auto& v : c.args) {
+      if (!v.isList()) continue;
+      auto l = v.toList();
+      bool changed = false;
+      c10::List<std::optional<at::Tensor>> nl;
+      for (size_t i = 0; i < l.size(); ++i) {
+        auto e = l.get(i);
+        bool defined = e.isTensor() && e.toTensor().defined();
+        changed |= defined && e.toTensor().device().is_cpu();
+        nl.push_back(!defined ? std::optional<at::Tensor>()
+                              : e.toTensor().device().is_cpu() ? upload(e.toTensor(), c.device) : e.toTensor());
       }
-  }
-
-  // nansum(x, dim=[]) reduces every dim on CPU, but its Meta kernel keeps x's shape: dim=None
-  if (info.name.rfind("aten::nansum", 0) == 0 && args.size() > 1 && args[1].isIntList() &&
-      args[1].toIntList().empty()) {
-    args[1] = c10::IValue();
-    *(args_begin + 1) = args[1];
-  }
-  // x[mask] = v over all of x: a select, no coordinates
-  if (info.mask_indices && info.name.find("index_put") != std::string::npos) {
-    if (auto r = masked_put_as_where(info.name, args)) {
-      torch::jit::drop(*stack, nargs);
-      stack->emplace_back(*r);
-      return;
+      if (changed) v = nl;
     }
-  }
-  // x[mask]: masks become coordinates first (a data-dependent count), as in PyTorch
-  if (info.mask_indices && args[1].isList()) {
-    auto l = args[1].to<c10::List<std::optional<at::Tensor>>>();
-    if (expand_mask_indices(args[0].toTensor(), l)) {
-      args[1] = l;
-      *(args_begin + 1) = args[1];
-    }
-  }
+  return c.info.hooks.prepare && c.info.hooks.prepare(c);
+}
 
-  MetaResult meta;
-  std::string key;
-  bool meta_miss = false;
+// 3. The outputs' types and sizes from the Meta kernel (cached per signature). False when it
+// cannot tell them (a data-dependent size): the call then ran on CPU.
+bool infer(Call& c) {
   try {
-    meta = run_meta(op, args, info.factory, key, &meta_miss);
+    c.meta = run_meta(c.op, c.args, c.info.factory, c.key, &c.meta_miss);
   } catch (const MetaUnavailable&) {
-    fallback_impl(op, stack, "data-dependent output shape");
-    return;
+    fallback_impl(c.op, c.stack, "data-dependent output shape");
+    return false;
   }
+  return true;
+}
 
-  check_complex_support(op, args);
-
-  // A complex CPU scalar (`x * 1j`): scalar parameters are real, so it takes
-  // part as a 0-dim complex tpu tensor (the Meta kernel above saw the original),
-  // complex128 only where the result is (a complex64 op keeps its type).
-  for (auto& v : args)
+// 4. CPU's own errors for what the Meta kernels let through: complex support, complex CPU
+// scalars written into real tensors, result types tpu lacks.
+void check_cpu_parity(Call& c) {
+  check_complex_support(c.op, c.args);
+  // A complex CPU scalar (`x * 1j`): scalar parameters are real, so it takes part as a 0-dim
+  // complex tpu tensor (the Meta kernel saw the original), complex128 only where the result
+  // is (a complex64 op keeps its type).
+  for (auto& v : c.args)
     if (v.isTensor() && v.toTensor().defined() && cpu_scalar(v.toTensor()) && v.toTensor().is_complex()) {
-      // a real tensor written with a complex result (`x.add_(1j)`): CPU's cast error
-      // (the Meta kernels let it through)
-      for (int a : info.ret_alias)
-        if (a >= 0 && args[a].isTensor() && !args[a].toTensor().is_complex()) {
-          replay_on_cpu(op, args);
+      // a real tensor written with a complex result (`x.add_(1j)`): CPU's cast error (the
+      // Meta kernels let it through)
+      for (int a : c.info.ret_alias)
+        if (a >= 0 && c.args[a].isTensor() && !c.args[a].toTensor().is_complex()) {
+          replay_on_cpu(c.op, c.args);
           break;
         }
-      bool c128 = std::any_of(meta.rets.begin(), meta.rets.end(),
+      bool c128 = std::any_of(c.meta.rets.begin(), c.meta.rets.end(),
                               [](const auto& m) { return m.defined && m.dtype == c10::kComplexDouble; });
-      v = upload(v.toTensor().to(c128 ? c10::kComplexDouble : c10::kComplexFloat), device);
+      v = upload(v.toTensor().to(c128 ? c10::kComplexDouble : c10::kComplexFloat), c.device);
     }
-
-  // A result of a dtype tpu lacks (complex128, ...): CPU's error first where CPU rejects the call
-  for (const auto& m : meta.rets)
+  for (const auto& m : c.meta.rets)
     if (m.defined && !dtype_supported(m.dtype)) {
-      replay_on_cpu(op, args);
+      replay_on_cpu(c.op, c.args);
       break;
     }
+}
 
-  // out= arguments resized by the meta kernel are resized here too
-  for (size_t k = 0; k < info.ret_alias.size(); ++k) {
-    int a = info.ret_alias[k];
-    if (a < 0 || !meta.rets[k].defined) continue;
-    at::Tensor t = args[a].toTensor();
-    if (t.sizes().vec() != meta.rets[k].sizes) {
-      t.resize_(meta.rets[k].sizes);  // the Meta kernel has given resize_output's warning already
-    }
+// 5. out= arguments take the Meta kernel's sizes (it has warned already). With every output and
+// input empty the rule is skipped, and with it the argument checks some Meta kernels leave to
+// the CPU kernel (logcumsumexp's dim): such a call runs once per signature on CPU stand-ins.
+void size_outputs(Call& c) {
+  for (size_t k = 0; k < c.info.ret_alias.size(); ++k) {
+    int a = c.info.ret_alias[k];
+    if (a < 0 || !c.meta.rets[k].defined) continue;
+    at::Tensor t = c.args[a].toTensor();
+    if (t.sizes().vec() != c.meta.rets[k].sizes) t.resize_(c.meta.rets[k].sizes);
   }
+  c.all_empty = !c.meta.rets.empty();
+  for (auto& m : c.meta.rets) c.all_empty = c.all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
+  if (!c.all_empty) return;
+  bool inputs_empty = true;
+  for_each_tensor(c.args, [&](const at::Tensor& t) { inputs_empty = inputs_empty && (!t.defined() || t.numel() == 0); });
+  std::unique_lock<std::mutex> lock(g_complex_mu);
+  if (inputs_empty && !g_empty_ok.count(c.key)) {
+    lock.unlock();
+    replay_on_cpu(c.op, c.args);
+    lock.lock();
+    g_empty_ok.insert(c.key);
+  }
+}
 
-  // Every output and input empty: the rule is skipped (nothing to compute), and with it
-  // the argument checks some Meta kernels leave to the CPU kernel (logcumsumexp's dim):
-  // the call runs once per signature on CPU, whose stand-ins are then the real data.
-  bool all_empty = !meta.rets.empty();
-  for (auto& m : meta.rets) all_empty = all_empty && m.defined && c10::multiply_integers(m.sizes) == 0;
-  if (all_empty) {
-    bool inputs_empty = true;
-    for_each_tensor(args, [&](const at::Tensor& t) { inputs_empty = inputs_empty && (!t.defined() || t.numel() == 0); });
-    std::unique_lock<std::mutex> lock(g_complex_mu);
-    if (inputs_empty && !g_empty_ok.count(key)) {
-      lock.unlock();
-      replay_on_cpu(op, args);
-      lock.lock();
-      g_empty_ok.insert(key);
-    }
+// 6. An in-place or out= variant of an elementwise op whose target differs in dtype from an
+// input computes in the functional op's result type and casts into the target, as CPU's
+// TensorIterator does: fmod(int16, int32, out=complex64) is an int32 fmod (XLA has no complex
+// remainder), a_f32.add_(b_f64) adds in float64.
+void compute_types(Call& c) {
+  c.compute_dtype.assign(c.meta.rets.size(), std::nullopt);
+  if (!c.info.functional) return;
+  // a Python number (`x.mul_(0.9)`) changes the type only from a higher category: the
+  // optimizers' in-place steps skip the second Meta lookup
+  auto category = [](c10::ScalarType t) {
+    return t == c10::kBool ? 0 : c10::isIntegralType(t, false) ? 1 : c10::isComplexType(t) ? 3 : 2;
+  };
+  bool differs = false;
+  for (int i : c.info.rule_args) {
+    if (!c.args[i].isTensor() || !c.args[i].toTensor().defined()) continue;
+    const at::Tensor& t = c.args[i].toTensor();
+    bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+    for (const auto& m : c.meta.rets)
+      differs |= m.defined && (wrapped ? category(t.scalar_type()) > category(m.dtype) : t.scalar_type() != m.dtype);
   }
+  if (!differs) return;
+  torch::jit::Stack fargs;
+  for (int i : c.info.rule_args) fargs.push_back(c.args[i]);
+  std::string fkey;
+  MetaResult fm;
+  try {
+    fm = run_meta(*c.info.functional, fargs, false, fkey);
+  } catch (...) {  // the functional call is not one the Meta kernels take: keep the target's type
+    return;
+  }
+  for (size_t k = 0; k < c.meta.rets.size() && k < fm.rets.size(); ++k) {
+    if (!c.meta.rets[k].defined || !fm.rets[k].defined || fm.rets[k].dtype == c.meta.rets[k].dtype) continue;
+    // an in-place target that cannot hold the result (int.mul_(float)): CPU's cast error,
+    // which the Meta kernels of in-place ops do not raise (those of out= variants do)
+    if (!c10::canCast(fm.rets[k].dtype, c.meta.rets[k].dtype)) {
+      replay_on_cpu(c.op, c.args);
+      continue;  // CPU accepts it (an op that is not a plain TensorIterator one): as the target's type
+    }
+    if (dtype_supported(fm.rets[k].dtype)) c.compute_dtype[k] = fm.rets[k].dtype;
+  }
+}
 
-  // An in-place or out= variant of an elementwise op whose target differs in dtype from
-  // an input computes in the functional op's result type and casts into the target, as
-  // CPU's TensorIterator does: fmod(int16, int32, out=complex64) is an int32 fmod
-  // (XLA has no complex remainder), a_f32.add_(b_f64) adds in float64.
-  std::vector<std::optional<c10::ScalarType>> compute_dtype(meta.rets.size());
-  if (info.functional) {
-    // a Python number (`x.mul_(0.9)`) changes the type only from a higher category: the
-    // optimizers' in-place steps skip the second Meta lookup
-    auto category = [](c10::ScalarType t) {
-      return t == c10::kBool ? 0 : c10::isIntegralType(t, false) ? 1 : c10::isComplexType(t) ? 3 : 2;
-    };
-    bool differs = false;
-    for (int i : info.rule_args) {
-      if (!args[i].isTensor() || !args[i].toTensor().defined()) continue;
-      const at::Tensor& t = args[i].toTensor();
-      bool wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
-      for (const auto& m : meta.rets)
-        differs |= m.defined && (wrapped ? category(t.scalar_type()) > category(m.dtype) : t.scalar_type() != m.dtype);
-    }
-    if (differs) {
-      torch::jit::Stack fargs;
-      for (int i : info.rule_args) fargs.push_back(args[i]);
-      std::string fkey;
-      MetaResult fm;
-      bool ok = true;
-      try {
-        fm = run_meta(*info.functional, fargs, false, fkey);
-      } catch (...) {  // the functional call is not one the Meta kernels take: keep the target's type
-        ok = false;
-      }
-      for (size_t k = 0; ok && k < meta.rets.size() && k < fm.rets.size(); ++k) {
-        if (!meta.rets[k].defined || !fm.rets[k].defined || fm.rets[k].dtype == meta.rets[k].dtype) continue;
-        // an in-place target that cannot hold the result (int.mul_(float)): CPU's cast error,
-        // which the Meta kernels of in-place ops do not raise (those of out= variants do)
-        if (!c10::canCast(fm.rets[k].dtype, meta.rets[k].dtype)) {
-          replay_on_cpu(op, args);
-          continue;  // CPU accepts it (an op that is not a plain TensorIterator one): as the target's type
-        }
-        if (dtype_supported(fm.rets[k].dtype)) compute_dtype[k] = fm.rets[k].dtype;
-      }
-    }
-  }
+// (7. is plan_bucketing, above: the bucket a call with dynamic sizes is built for.)
 
-  Engine& eng = Engine::get();
-  Bucketing bk = all_empty ? Bucketing{} : plan_bucketing(op, info, args, meta, meta_miss, key);
-  std::vector<at::Tensor> outs(info.ret_alias.size());
-  // A rule that cannot build a bucketed call (shapes it does not expect at the bounds) builds it
-  // again at the call's sizes: the second pass of this loop.
-  struct AtSizes {};
-  for (int pass = 0; pass < 2; ++pass) {
-  if (pass == 1) {
-    std::vector<std::vector<int64_t>> bounds = bk.out_bound;
-    bk = Bucketing{};
-    bk.exact_bound = std::move(bounds);
-    eng.metrics.dynamic_exact_ops++;
-  }
-  auto view_for = [&](const at::Tensor& t) { return bk.active ? bk.view(t) : view_of(t); };
-  const torch::jit::Stack& rargs = bk.active ? bk.args : args;
-  const MetaResult& rmeta = bk.active ? bk.meta : meta;
-  engine::Graph& g = eng.graph(device);
-  // the bounds of each new output (0: a static dim): the buffers the program makes, so part of its key
-  std::vector<std::vector<int64_t>> out_bounds(meta.rets.size());
-  for (size_t k = 0; k < meta.rets.size(); ++k) {
-    if (!meta.rets[k].defined || info.ret_alias[k] >= 0) continue;
-    const auto& sizes = meta.rets[k].sizes;
+engine::View call_view(const Bucketing& bk, const at::Tensor& t) { return bk.active ? bk.view(t) : view_of(t); }
+
+// The bounds of each new output (0: a static dim): the buffers the program makes, so part of its key.
+std::vector<std::vector<int64_t>> output_bounds(const Call& c, const Bucketing& bk) {
+  std::vector<std::vector<int64_t>> out_bounds(c.meta.rets.size());
+  for (size_t k = 0; k < c.meta.rets.size(); ++k) {
+    if (!c.meta.rets[k].defined || c.info.ret_alias[k] >= 0) continue;
+    const auto& sizes = c.meta.rets[k].sizes;
     if (bk.bucketed && k < bk.out_bound.size()) out_bounds[k] = bk.out_bound[k];
     else if (k < bk.exact_bound.size()) out_bounds[k] = bk.exact_bound[k];
     else if (!bk.exact_sizes.empty()) {
@@ -1385,91 +1421,156 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
     if (out_bounds[k].size() != sizes.size()) out_bounds[k].clear();
   }
-  std::string rec_key = bk.active ? bk.key : key;
+  return out_bounds;
+}
+
+// The op as the engine records it: the trace key is the signature (at the bounds for a bucketed
+// call, with the outputs' real layouts and bounds) plus where each tpu tensor lives in the graph.
+engine::Op trace_op(const Call& c, const Bucketing& bk, const std::vector<std::vector<int64_t>>& out_bounds) {
+  Engine& eng = Engine::get();
+  std::string key = bk.active ? bk.key : c.key;
   if (bk.active)  // the key at the bounds has contiguous stand-ins: the outputs' real layouts shape their stores
-    for (size_t k = 0; k < meta.rets.size(); ++k)
-      if (meta.rets[k].defined && info.ret_alias[k] < 0) layout_key(rec_key, meta.rets[k].sizes, meta.rets[k].strides);
+    for (size_t k = 0; k < c.meta.rets.size(); ++k)
+      if (c.meta.rets[k].defined && c.info.ret_alias[k] < 0) layout_key(key, c.meta.rets[k].sizes, c.meta.rets[k].strides);
   if (!bk.bucketed)
     for (const auto& ob : out_bounds)
       if (std::any_of(ob.begin(), ob.end(), [](int64_t b) { return b > 0; })) {
-        rec_key += 'X';
-        for (int64_t b : ob) sig_append(rec_key, &b, sizeof b);
+        key += 'X';
+        for (int64_t b : ob) sig_append(key, &b, sizeof b);
       }
-  // the trace key: the signature plus where each tpu tensor lives in the graph
-  engine::Op rec{info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), true,
-                 std::move(rec_key), {}, {}};
+  engine::Op rec{c.info.name, eng.mode() == engine::Mode::DeferAndFuse ? python_site() : std::string(), true,
+                 std::move(key), {}, {}};
   if (eng.tracing()) {
-    for_each_tensor(args, [&](const at::Tensor& t) {
-      if (t.defined() && t.device().type() == kTpu) rec.views.push_back(view_for(t));
+    for_each_tensor(c.args, [&](const at::Tensor& t) {
+      if (t.defined() && t.device().type() == kTpu) rec.views.push_back(call_view(bk, t));
     });
-    rec.current = [&](int a) -> double {
+    rec.current = [&c](int a) -> double {
       if (a < 0) return static_cast<double>(OpEnv::current_precision());
-      const c10::IValue& v = args[info.rule_args[a]];
+      const c10::IValue& v = c.args[c.info.rule_args[a]];
       return v.isDouble() ? v.toDouble() : v.isInt() ? static_cast<double>(v.toInt()) : std::nan("");
     };
   }
-  try {
-    eng.apply(g, rec, [&] {
-      OpEnv env(g, device);
-      auto largs = rule_args(schema, info.rule_args, rargs, env, [&](const at::Tensor& t) { return g.load(view_for(t)); });
-      std::vector<hlo::Type> out_types;
-      for (size_t k = 0; k < rmeta.rets.size(); ++k) {
-        const auto& m = rmeta.rets[k];
-        out_types.push_back(m.defined ? hlo::Type{to_hlo(compute_dtype[k].value_or(m.dtype)), m.sizes}
-                                      : hlo::Type{hlo::DType::F32, {}});
-      }
-      lower::Ctx ctx(g.b, env, std::move(largs), out_types);
-      // every output empty: nothing to compute (rules need not handle 0-element operands)
-      std::vector<hlo::Value> res = all_empty ? std::vector<hlo::Value>(meta.rets.size())
-                                              : guarded(info.name.c_str(), [&] {
-                                                  // a rule that rejects the input, or cannot build it:
-                                                  // CPU's own error where CPU rejects the input too
-                                                  try {
-                                                    return (*info.rule)(ctx);
-                                                  } catch (const lower::UserError&) {
-                                                    replay_on_cpu(op, args);
-                                                    throw;
-                                                  } catch (const hlo::BuildError&) {
-                                                    if (bk.bucketed) throw AtSizes{};
-                                                    replay_on_cpu(op, args);
-                                                    throw;
-                                                  }
-                                                });
-      lower::Reads reads = ctx.reads();
-      if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
-      TORCH_CHECK(res.size() >= meta.rets.size(), "torch_tpu lowering of ", info.name, " returned ", res.size(),
-                  " values for ", meta.rets.size(), " outputs");
-      for (const auto& [ai, v] : ctx.writes()) {
-        const c10::IValue& iv = args[info.rule_args[ai]];
-        if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu)
-          guarded(info.name.c_str(), [&] { g.store(view_for(iv.toTensor()), v); return 0; });
-      }
-      for (size_t k = 0; k < meta.rets.size(); ++k) {
-        if (!meta.rets[k].defined) continue;
-        int a = info.ret_alias[k];
-        outs[k] = a >= 0 ? args[a].toTensor() : new_tpu_tensor(meta.rets[k], device);
-        if (a < 0 && !out_bounds[k].empty()) make_output_dynamic(outs[k], out_bounds[k]);
-        if (res[k].valid() && compute_dtype[k])
-          res[k] = guarded(info.name.c_str(), [&] { return g.b.convert(res[k], to_hlo(meta.rets[k].dtype)); });
-        if (res[k].valid() && bk.bucketed && res[k].shape() != rmeta.rets[k].sizes &&
-            hlo::numel(res[k].shape()) == hlo::numel(rmeta.rets[k].sizes))  // at the bounds' shape
-          res[k] = guarded(info.name.c_str(), [&] { return g.b.reshape(res[k], rmeta.rets[k].sizes); });
-        if (res[k].valid()) guarded(info.name.c_str(), [&] { g.store(view_for(outs[k]), res[k]); return 0; });
-      }
-      return reads;
-    });
-  } catch (const lower::Unsupported& u) {
-    fallback_impl(op, stack, u.what());
-    return;
-  } catch (const AtSizes&) {
-    continue;
-  }
-  break;
-  }
-  guarded(info.name.c_str(), [&] { eng.op_done(device); return 0; });
-  torch::jit::drop(*stack, nargs);
-  for (auto& t : outs) stack->emplace_back(t);
+  return rec;
 }
+
+struct AtSizes {};  // a bucketed call its rule cannot build at the bounds: built again at the call's sizes
+
+// The body of the op transaction: the rule on loads of the inputs, its writes stored, the
+// results converted to the outputs' types and stored into them (new outputs made here).
+lower::Reads emit(Call& c, const Bucketing& bk, engine::Graph& g, const std::vector<std::vector<int64_t>>& out_bounds) {
+  const char* name = c.info.name.c_str();
+  const torch::jit::Stack& rargs = bk.active ? bk.args : c.args;
+  const MetaResult& rmeta = bk.active ? bk.meta : c.meta;
+  OpEnv env(g, c.device);
+  auto largs = rule_args(c.schema, c.info.rule_args, rargs, env, [&](const at::Tensor& t) { return g.load(call_view(bk, t)); });
+  std::vector<hlo::Type> out_types;
+  for (size_t k = 0; k < rmeta.rets.size(); ++k) {
+    const auto& m = rmeta.rets[k];
+    out_types.push_back(m.defined ? hlo::Type{to_hlo(c.compute_dtype[k].value_or(m.dtype)), m.sizes}
+                                  : hlo::Type{hlo::DType::F32, {}});
+  }
+  lower::Ctx ctx(g.b, env, std::move(largs), out_types);
+  // every output empty: nothing to compute (rules need not handle 0-element operands)
+  std::vector<hlo::Value> res = c.all_empty ? std::vector<hlo::Value>(c.meta.rets.size()) : guarded(name, [&] {
+    // a rule that rejects the input, or cannot build it: CPU's own error where CPU rejects it too
+    try {
+      return (*c.info.rule)(ctx);
+    } catch (const lower::UserError&) {
+      replay_on_cpu(c.op, c.args);
+      throw;
+    } catch (const hlo::BuildError&) {
+      if (bk.bucketed) throw AtSizes{};
+      replay_on_cpu(c.op, c.args);
+      throw;
+    }
+  });
+  lower::Reads reads = ctx.reads();
+  if (env.read_precision >= 0) reads.push_back({-1, static_cast<double>(env.read_precision), -1});
+  TORCH_CHECK(res.size() >= c.meta.rets.size(), "torch_tpu lowering of ", c.info.name, " returned ", res.size(),
+              " values for ", c.meta.rets.size(), " outputs");
+  for (const auto& [ai, v] : ctx.writes()) {
+    const c10::IValue& iv = c.args[c.info.rule_args[ai]];
+    if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu)
+      guarded(name, [&] { g.store(call_view(bk, iv.toTensor()), v); return 0; });
+  }
+  for (size_t k = 0; k < c.meta.rets.size(); ++k) {
+    if (!c.meta.rets[k].defined) continue;
+    int a = c.info.ret_alias[k];
+    c.outs[k] = a >= 0 ? c.args[a].toTensor() : new_tpu_tensor(c.meta.rets[k], c.device);
+    if (a < 0 && !out_bounds[k].empty()) make_output_dynamic(c.outs[k], out_bounds[k]);
+    if (res[k].valid() && c.compute_dtype[k])
+      res[k] = guarded(name, [&] { return g.b.convert(res[k], to_hlo(c.meta.rets[k].dtype)); });
+    if (res[k].valid() && bk.bucketed && res[k].shape() != rmeta.rets[k].sizes &&
+        hlo::numel(res[k].shape()) == hlo::numel(rmeta.rets[k].sizes))  // at the bounds' shape
+      res[k] = guarded(name, [&] { return g.b.reshape(res[k], rmeta.rets[k].sizes); });
+    if (res[k].valid()) guarded(name, [&] { g.store(call_view(bk, c.outs[k]), res[k]); return 0; });
+  }
+  return reads;
+}
+
+// 8. The op transaction (Engine::apply: run now in Strict, recorded in DeferAndFuse). A bucketed
+// call whose rule cannot build it at the bounds is built again at the call's sizes. False when
+// the rule has no lowering for the call: it then ran on CPU.
+bool transact(Call& c, Bucketing& bk) {
+  Engine& eng = Engine::get();
+  c.outs.assign(c.info.ret_alias.size(), at::Tensor());
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) {
+      std::vector<std::vector<int64_t>> bounds = bk.out_bound;
+      bk = Bucketing{};
+      bk.exact_bound = std::move(bounds);
+      eng.metrics.dynamic_exact_ops++;
+    }
+    engine::Graph& g = eng.graph(c.device);
+    std::vector<std::vector<int64_t>> out_bounds = output_bounds(c, bk);
+    engine::Op rec = trace_op(c, bk, out_bounds);
+    try {
+      eng.apply(g, rec, [&] { return emit(c, bk, g, out_bounds); });
+    } catch (const lower::Unsupported& u) {
+      fallback_impl(c.op, c.stack, u.what());
+      return false;
+    } catch (const AtSizes&) {
+      continue;
+    }
+    break;
+  }
+  return true;
+}
+
+// Every ATen overload with a lowering rule runs this kernel, which holds the op's metadata.
+class LoweredOp final : public c10::OperatorKernel {
+ public:
+  explicit LoweredOp(OpInfo info) : info_(std::move(info)) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    StageClock clock;
+    Call c(op, info_, stack);
+    check_devices(c);
+    clock.lap(kDevices);
+    if (normalise_args(c)) return;
+    clock.lap(kArguments);
+    if (!infer(c)) return;
+    clock.lap(kMeta);
+    check_cpu_parity(c);
+    clock.lap(kParity);
+    size_outputs(c);
+    clock.lap(kOutputs);
+    compute_types(c);
+    clock.lap(kTypes);
+    Bucketing bk = c.all_empty ? Bucketing{} : plan_bucketing(c.op, c.info, c.args, c.meta, c.meta_miss, c.key);
+    clock.lap(kBucketing);
+    if (!transact(c, bk)) return;
+    clock.lap(kTransaction);
+    // 9. Strict runs the op's program now (DeferAndFuse: when a flush is due)
+    guarded(c.info.name.c_str(), [&] { Engine::get().op_done(c.device); return 0; });
+    clock.lap(kRun);
+    c.finish(std::move(c.outs));
+    clock.lap(kResults);
+  }
+
+ private:
+  OpInfo info_;
+};
 
 // ---------------------------------------------------------------- fallback
 std::mutex g_fb_mu;
@@ -1888,6 +1989,42 @@ void meta_gru_cell(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (auto& t : outs) stack->emplace_back(t);
 }
 
+OpInfo make_info(const c10::OperatorHandle& op, const std::string& rule) {
+  OpInfo info;
+  const auto& s = op.schema();
+  info.name = op_name(s.operator_name());
+  info.rule = lower::find_rule(rule);
+  info.bucketed = info.rule && lower::bucketed_rule(info.name);
+  if (info.rule && rule != info.name && lower::casts_to_output(rule)) {
+    auto dot = rule.find('.', 6);
+    info.functional = c10::Dispatcher::singleton().findSchema(
+        {rule.substr(0, dot), dot == std::string::npos ? "" : rule.substr(dot + 1)});
+  }
+  const auto& args = s.arguments();
+  bool any_tensor = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_out_arg(args[i])) continue;
+    info.rule_args.push_back(static_cast<int>(i));
+    auto k = args[i].type()->kind();
+    if (k == c10::TypeKind::TensorType || k == c10::TypeKind::ListType ||
+        (k == c10::TypeKind::OptionalType &&
+         args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType))
+      any_tensor = true;
+  }
+  info.factory = !any_tensor;
+  for (const auto& ret : s.returns()) {
+    int alias = -1;
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      for (size_t i = 0; i < args.size(); ++i)
+        if (args[i].alias_info() && args[i].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
+          alias = static_cast<int>(i);
+    }
+    info.ret_alias.push_back(alias);
+  }
+  info.hooks = hooks_for(s, info.name);
+  return info;
+}
+
 int register_lowered_ops() {
   static int count = -1;
   if (count >= 0) return count;
@@ -1932,7 +2069,7 @@ int register_lowered_ops() {
     if (h.hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) return;  // a dedicated kernel above
     if (g_rule_for.count(name)) return;
     g_rule_for[name] = rule;
-    lib.impl(name.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunction<&lowered_kernel>());
+    lib.impl(name.substr(6).c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LoweredOp>(make_info(h, rule))));
     g_lowered.push_back(name);
     ++n;
   };
@@ -1973,6 +2110,13 @@ int register_lowered_ops() {
 }
 
 std::vector<std::string> lowered_op_names() { return g_lowered; }
+std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> stage_times(bool reset) {
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> out;
+  int64_t calls = reset ? g_stage_calls.exchange(0) : g_stage_calls.load();
+  for (int s = 0; s < kStages; ++s)
+    out.push_back({kStageNames[s], {calls, reset ? g_stage_ns[s].exchange(0) : g_stage_ns[s].load()}});
+  return out;
+}
 std::map<std::string, std::string> lowered_op_rules() {
   return std::map<std::string, std::string>(g_rule_for.begin(), g_rule_for.end());
 }

@@ -578,6 +578,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("reset_metrics", &reset_metrics, py::call_guard<py::gil_scoped_release>());
   m.def("lowered_ops", [] { return aten::lowered_op_names(); });
   m.def("lowered_op_rules", [] { return aten::lowered_op_rules(); });
+  // {stage: (calls, ns)} of the generic kernel, recorded under TORCH_TPU_STAGE_TIMES=1
+  m.def("_stage_times", [](bool reset) {
+    py::dict d;
+    for (const auto& [stage, cn] : aten::stage_times(reset)) d[py::str(stage)] = py::make_tuple(cn.first, cn.second);
+    return d;
+  }, py::arg("reset") = false);
   m.def("lowering_rules", [] { return lower::rule_names(); });
   m.def("composed_ops", [] { return aten::composed_op_names(); });
   m.def("last_program", [] { return engine::Engine::get().last_program(); });

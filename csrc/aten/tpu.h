@@ -41,6 +41,8 @@ at::PrivateUse1HooksInterface* hooks();
 // Turns the runtime's activity scopes into torch.profiler events (aten/profiler.cpp).
 void install_profiler_observer();
 std::vector<std::string> lowered_op_names();
+// The generic kernel's time per stage under TORCH_TPU_STAGE_TIMES=1: (stage, (calls, ns summed)).
+std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> stage_times(bool reset);
 std::map<std::string, std::string> lowered_op_rules();  // registered op -> the rule it runs
 int64_t meta_runs();  // Meta kernel calls (cache misses of the per-signature cache)
 std::map<std::string, int64_t> fallback_counts();
