@@ -1,7 +1,6 @@
 """The `torch.tpu` module: the device API a CUDA user expects, for device `tpu`."""
 import contextlib
 import enum
-import os
 import threading
 
 import torch
@@ -161,32 +160,15 @@ class _Properties:
         return f"_TpuDeviceProperties(name='{self.name}', total_memory={self.total_memory})"
 
 
-def _host_memory():
-    """(available, total) bytes of this machine's memory (/proc/meminfo; sysconf elsewhere)."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.split()[1:2]}
-        return info.get("MemAvailable", total), info.get("MemTotal", total)
-    except OSError:
-        return total, total
-
-
 def _total_memory(idx):
     # the plugin's limit; the CPU plugin reports none: its buffers are host memory
-    limit = _C.device_memory_stats(idx).get("bytes_limit", 0)
-    return limit if limit > 0 else _host_memory()[1]
+    return _C.memory_info(idx)[1]
 
 
 def mem_get_info(device=None):
     """(free, total) bytes of the device's memory, as torch.cuda.mem_get_info (the CPU plugin: the
     host's available and total memory)."""
-    idx = _index(device)
-    stats = _C.device_memory_stats(idx)
-    limit = stats.get("bytes_limit", 0)
-    if limit > 0:
-        return max(limit - stats.get("bytes_in_use", 0), 0), limit
-    return _host_memory()
+    return _C.memory_info(_index(device))
 
 
 def get_device_properties(device=None):

@@ -622,6 +622,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("buffer_bytes", [] { return rt::Buffer::live_bytes(); });
   m.def("peak_buffer_bytes", [] { return rt::Buffer::peak_bytes(); });
   m.def("reset_peak_buffer_bytes", [] { rt::Buffer::reset_peak(); });
+  // (free, total) bytes, as torch.accelerator.get_memory_info: the plugin's limit, else the host's memory
+  m.def("memory_info", [](int d) {
+    auto* a = static_cast<c10::DeviceAllocator*>(aten::allocator());
+    return py_guard([&] { return a->getMemoryInfo(static_cast<c10::DeviceIndex>(d)); });
+  });
   m.def("device_memory_stats", [](int d) {
     py::dict out;
     auto s = py_guard([&] { return rt::Client::get().memory_stats(d); });

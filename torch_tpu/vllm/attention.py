@@ -38,7 +38,6 @@ class TpuAttentionGroup:
 
 @dataclass
 class TpuAttentionMetadata:
-    num_tokens: int  # real tokens in the step (the model may see more: padding)
     slot_mapping: torch.Tensor  # [T_padded] int64: where each token's key and value go
     groups: list[TpuAttentionGroup]
     # [T_padded] int64: for each token, its row in the groups' outputs concatenated in order

@@ -46,7 +46,6 @@ class TpuModelRunner:
         self.cache_config = vllm_config.cache_config
         self.scheduler_config = vllm_config.scheduler_config
         self.device = device
-        self.dtype = self.model_config.dtype
         self.block_size = self.cache_config.block_size
         self.max_model_len = self.model_config.max_model_len
         self.max_num_reqs = self.scheduler_config.max_num_seqs
@@ -66,7 +65,6 @@ class TpuModelRunner:
         )
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.model = None
-        self.kv_caches: list[torch.Tensor] = []
         # execute_model leaves the step's logits here for sample_tokens
         self._pending = None
 
@@ -102,13 +100,10 @@ class TpuModelRunner:
         shape = TpuAttentionBackend.get_kv_cache_shape(kv_cache_config.num_blocks, spec.block_size,
                                                        spec.num_kv_heads, spec.head_size)
         ctx = self.vllm_config.compilation_config.static_forward_context
-        self.kv_caches = []
         for tensor in kv_cache_config.kv_cache_tensors:
             for name in tensor.layers:
                 cache = torch.zeros(shape, dtype=spec.dtype, device=self.device)
-                ctx[name].bind_kv_cache(cache)
-                self.kv_caches.append(cache)
-        self.num_blocks = kv_cache_config.num_blocks
+                ctx[name].bind_kv_cache(cache)  # the layer holds its cache
 
     # ---- per step: scheduler changes
     def _update_states(self, so) -> None:
@@ -168,6 +163,9 @@ class TpuModelRunner:
         batch.refresh_metadata()
 
     # ---- per step: the host-side layout
+    def _upload(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(a).to(self.device)
+
     def _prepare(self, so):
         batch = self.input_batch
         req_ids = batch.req_ids
@@ -218,19 +216,15 @@ class TpuModelRunner:
                 mask[k, :q] = keys[None, :] <= qpos[k, :q, None]
                 out_index[starts[r]:starts[r] + q] = row0 + k * qpad + np.arange(q)
             row0 += rpad * qpad
-            dev = lambda a: torch.from_numpy(a).to(self.device)  # noqa: E731
-            groups.append(TpuAttentionGroup(dev(tok_index), dev(key_slots), dev(mask), dev(qpos)))
+            up = self._upload
+            groups.append(TpuAttentionGroup(up(tok_index), up(key_slots), up(mask), up(qpos)))
 
         last = starts + n_sched - 1
-        md = TpuAttentionMetadata(
-            num_tokens=total,
-            slot_mapping=torch.from_numpy(slots_p).to(self.device),
-            groups=groups,
-            output_index=torch.from_numpy(out_index).to(self.device))
+        md = TpuAttentionMetadata(slot_mapping=self._upload(slots_p), groups=groups,
+                                  output_index=self._upload(out_index))
         # a request whose prompt is not all computed after this step (a chunked prefill) samples nothing
         partial = [seq_len[k] < self.requests[r].num_tokens for k, r in enumerate(req_ids)]
-        return (torch.from_numpy(ids_p).to(self.device), torch.from_numpy(pos_p).to(self.device),
-                md, torch.from_numpy(last).to(self.device), partial, total, tpad)
+        return self._upload(ids_p), self._upload(pos_p), md, self._upload(last), partial, tpad
 
     # ---- the step
     @torch.inference_mode()
@@ -238,7 +232,7 @@ class TpuModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        ids, pos, md, last, partial, total, tpad = self._prepare(so)
+        ids, pos, md, last, partial, tpad = self._prepare(so)
         # one fused program per step shape (DeferAndFuse), run at the logits' read-back
         with torch_tpu.eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE), \
                 set_forward_context(md, self.vllm_config, num_tokens=tpad, slot_mapping={}):
@@ -265,12 +259,11 @@ class TpuModelRunner:
             batch.generators[i].set_state(state)
 
         sampled = out.sampled_token_ids.tolist()
-        for i, p in enumerate(partial):
-            if p:
-                sampled[i] = []
         req_ids = list(batch.req_ids)
         for i, toks in enumerate(sampled):
-            if not toks:
+            if partial[i]:
+                sampled[i] = []
+            if not sampled[i]:
                 continue
             end = batch.num_tokens_no_spec[i] + len(toks)
             batch.token_ids_cpu[i, end - len(toks):end] = toks

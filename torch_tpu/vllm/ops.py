@@ -49,8 +49,7 @@ class TpuUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         y = torch.bmm(h, w2.transpose(1, 2))  # [E, T, H]
         return torch.einsum("te,eth->th", route.to(y.dtype), y)
 
-    def forward_oot(self, layer, x, topk_weights, topk_ids, shared_experts=None, shared_experts_input=None):
-        return self.apply(layer, x, topk_weights, topk_ids, shared_experts, shared_experts_input)
+    forward_oot = apply  # vLLM calls either
 
 
 # vLLM's top-k router calls `torch.ops._moe_C.topk_softmax`, an op of its CUDA build. Without that
