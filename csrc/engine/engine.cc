@@ -212,6 +212,15 @@ int offset_class(const View& v, const std::vector<Dim>& d, int64_t N) {
 
 Value Graph::offset_param(int64_t offset) { return scalar_param(static_cast<double>(offset), true, DType::S64); }
 
+Value Graph::view_offset(const View& v) {
+  if (!in_op_) return offset_param(v.offset);
+  for (const auto& o : op_offsets_)
+    if (o.offset == v.offset) return o.v;
+  Value p = offset_param(v.offset);
+  op_offsets_.push_back({v.offset, p});
+  return p;
+}
+
 namespace {
 // A padded storage is read and written through run-time geometry in every view (its buffer
 // is not PyTorch's layout), with the view's dims static where it has no bounds.
@@ -236,7 +245,7 @@ Value Graph::load(const View& v) {
   for (auto& x : d) sorted.push_back(x.size);
   Value core;
   if (dense(d)) {
-    Value region = (v.offset == 0 && cn == N) ? fl : b.dynamic_slice(fl, {offset_param(v.offset)}, {cn});
+    Value region = (v.offset == 0 && cn == N) ? fl : b.dynamic_slice(fl, {view_offset(v)}, {cn});
     core = b.reshape(region, sorted);
   } else {
     if (padded_layout(d)) {
@@ -246,7 +255,7 @@ Value Graph::load(const View& v) {
       // past the end: pad by one row (the overrun is shorter than a row)
       if (offset_class(v, d, N) == 2) region = b.pad(fl, b.zeros(fl.dtype(), {}), {0}, {d[0].stride}, {0});
       region = v.offset == 0 && span == region.shape()[0] ? region
-                                                           : b.dynamic_slice(region, {offset_param(v.offset)}, {span});
+                                                           : b.dynamic_slice(region, {view_offset(v)}, {span});
       Shape p{d[0].size};
       for (size_t i = 1; i < d.size(); ++i) p.push_back(d[i - 1].stride / d[i].stride);
       p.push_back(d.back().stride);
@@ -257,7 +266,7 @@ Value Graph::load(const View& v) {
       r = b.slice(r, Shape(p.size(), 0), lim, Shape(p.size(), 1));
       core = b.reshape(r, sorted);
     } else {
-      core = b.reshape(b.take(fl, positions(b, d, offset_param(v.offset)), 0), sorted);
+      core = b.reshape(b.take(fl, positions(b, d, view_offset(v)), 0), sorted);
     }
   }
   return to_logical(b, core, d, v.sizes);
@@ -297,16 +306,16 @@ void Graph::store(const View& v, Value value) {
     if (dense(d)) {
       if (v.offset == 0 && n == N) next = ordered;
       else
-        next = b.dynamic_update_slice(fl, ordered, {offset_param(v.offset)});
+        next = b.dynamic_update_slice(fl, ordered, {view_offset(v)});
     } else {
-      next = b.scatter(fl, b.reshape(positions(b, d, offset_param(v.offset)), {n, 1}), ordered, {0}, "");
+      next = b.scatter(fl, b.reshape(positions(b, d, view_offset(v)), {n, 1}), ordered, {0}, "");
     }
   } else {
     // an expanded destination (PyTorch rejects most such writes earlier): last write wins
     std::vector<Dim> all;
     for (size_t i = 0; i < v.sizes.size(); ++i)
       if (v.sizes[i] > 1) all.push_back({static_cast<int64_t>(i), v.sizes[i], v.strides[i]});
-    Value pos = positions(b, all, offset_param(v.offset));
+    Value pos = positions(b, all, view_offset(v));
     next = b.scatter(fl, b.reshape(pos, {n, 1}), b.reshape(sq, {n}), {0}, "");
   }
   next = reinterpret(b, next, v.st->dtype);
@@ -698,6 +707,9 @@ void Graph::key_view(KeyBuilder& kb, const View& v) const {
   // offsets are program parameters: only their class shapes the text
   int64_t N = st->typed ? st->nbytes / hlo::itemsize(v.dtype) : 0;
   kb.k += static_cast<char>(offset_class(v, core_dims(v.sizes, v.strides), N));
+  auto same = std::find(kb.offsets.begin(), kb.offsets.end(), v.offset);
+  kb.i64(same - kb.offsets.begin());  // which earlier view of the op has its offset (see view_offset)
+  if (same == kb.offsets.end()) kb.offsets.push_back(v.offset);
   kb.i64(static_cast<int64_t>(v.sizes.size()));
   kb.add(v.sizes.data(), v.sizes.size() * sizeof(int64_t));
   kb.add(v.strides.data(), v.strides.size() * sizeof(int64_t));
@@ -1749,6 +1761,19 @@ void Engine::apply(Graph& g, Op& op, const std::function<lower::Reads()>& body) 
     ~Current() { slot = prev; }
   } current{current_op_, current_op_};
   current_op_ = &op;
+  struct InOp {  // the op's views share offset parameters (Graph::view_offset) until it ends
+    Graph& g;
+    bool was;
+    std::vector<Graph::OpOffset> outer;
+    explicit InOp(Graph& g) : g(g), was(g.in_op_), outer(std::move(g.op_offsets_)) {
+      g.in_op_ = true;
+      g.op_offsets_.clear();
+    }
+    ~InOp() {
+      g.in_op_ = was;
+      g.op_offsets_ = std::move(outer);
+    }
+  } in_op{g};
   if (op.keyed && trace_on_) {
     KeyBuilder kb{op.key};
     for (const auto& v : op.views) g.key_view(kb, v);

@@ -193,6 +193,7 @@ struct KeyBuilder {
   std::string& k;
   std::vector<const Storage*> fresh;
   std::vector<int64_t> new_sizes;  // dynamic sizes this op names that the graph has no parameter for yet
+  std::vector<int64_t> offsets;    // the distinct offsets of this op's views (equal offsets share a parameter)
   void add(const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
   void i64(int64_t x) { add(&x, sizeof x); }
 };
@@ -276,6 +277,16 @@ class Graph {
   bool forwards(const View& v) const;
   Value flat(const StoragePtr& st, DType as);
   Value offset_param(int64_t offset);  // a view's offset, as an s64 parameter
+  // A view's offset inside an op: views of one op at the same offset read one parameter, so
+  // that XLA sees a slice loaded and stored back at the same place and updates it in place
+  // (which offsets are equal is part of the op's key, see key_view).
+  Value view_offset(const View& v);
+  struct OpOffset {
+    int64_t offset;
+    Value v;
+  };
+  std::vector<OpOffset> op_offsets_;
+  bool in_op_ = false;  // between Engine::apply's start and end of an op
   // The s32 parameter of a dynamic size n: one per distinct size in a graph (XLA's dynamic
   // padder then knows dims of equal size as equal, and masks each once). Which sizes are
   // equal is part of each op's key (see key_view).

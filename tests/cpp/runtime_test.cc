@@ -2,6 +2,7 @@
 // (the CPU plugin in CI).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -199,4 +200,56 @@ TEST(Engine, PaddedStorageViewsReadAndWriteTheirElements) {
   e.make_static(st);
   EXPECT_FALSE(st->padded);
   EXPECT_EQ(read(View{st, 0, {B, n, D}, {n * D, D, 1}, hlo::DType::F32}), want);
+}
+
+// An op that reads a slice and writes it back (x[3] += 1) reads one offset parameter for both,
+// so the compiler updates the slice inside the donated buffer; which offsets of an op's views are
+// equal is part of its trace key (the program text depends on it).
+TEST(Engine, SliceReadAndWrittenBackSharesItsOffsetParameter) {
+  client();
+  using namespace tt::engine;
+  auto& e = Engine::get();
+  e.set_mode(Mode::Strict);
+  auto st = std::make_shared<Storage>(8 * 16 * 4, 0);
+  std::vector<float> init(8 * 16);
+  for (size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>(i);
+  View whole{st, 0, {8, 16}, {16, 1}, hlo::DType::F32};
+  e.write(whole, init.data());
+  auto row = [&](int64_t r) { return View{st, r * 16, {16}, {1}, hlo::DType::F32}; };
+  // out[to] = in[from] + 1, as one op of a standalone graph; returns its program and key
+  auto add_one = [&](int64_t from, int64_t to) {
+    Graph g(0);
+    Op op;
+    op.name = "test::add_one";
+    op.keyed = true;
+    op.views = {row(from), row(to)};
+    e.apply(g, op, [&] {
+      g.store(row(to), g.b.add(g.load(row(from)), g.b.constant(1.0, hlo::DType::F32, {16})));
+      return lower::Reads{};
+    });
+    std::string key = g.keys.at(0);
+    Program p = e.build(g);
+    e.run(p);
+    return std::make_pair(std::move(p), key);
+  };
+  auto [same, same_key] = add_one(3, 3);
+  auto scalars = [](const Program& p) {
+    return std::count_if(p.params.begin(), p.params.end(),
+                         [](const Binding& b) { return b.kind == Binding::Kind::Scalar; });
+  };
+  EXPECT_EQ(scalars(same), 1) << *same.text;
+  EXPECT_EQ(same.donations.size(), 1u);
+  auto [other, other_key] = add_one(3, 5);
+  EXPECT_EQ(scalars(other), 2) << *other.text;
+  EXPECT_NE(same_key, other_key);
+  EXPECT_EQ(add_one(6, 6).second, same_key);  // another offset, the same text
+  std::vector<float> out(8 * 16);
+  e.read(whole, out.data());
+  std::vector<float> want = init;
+  for (int i = 0; i < 16; ++i) {
+    want[3 * 16 + i] += 1;
+    want[5 * 16 + i] = want[3 * 16 + i] + 1;
+    want[6 * 16 + i] += 1;
+  }
+  EXPECT_EQ(out, want);
 }
