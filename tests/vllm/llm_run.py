@@ -4,7 +4,10 @@ engine's compile counters can be read) and prints one JSON line: outputs and cou
     python llm_run.py '{"model": DIR, "engine": {...}, "prompts": [[ids], ...],
                         "sampling": [{...}, ...], "rounds": 1}'
 
-`rounds` > 1 generates the same requests again (a warm engine); counters are per round."""
+`rounds` > 1 generates the same requests again (a warm engine); counters are per round.
+`"sleep": LEVEL` puts the engine to sleep after each round and wakes it before the next (the
+engine is then built with enable_sleep_mode); each round reports the bytes allocated on the device
+awake and asleep."""
 
 import json
 import os
@@ -17,6 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def main():
     spec = json.loads(sys.argv[1])
+    import torch
     import torch_tpu
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -24,6 +28,9 @@ def main():
     engine = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=256,
                   kv_cache_memory_bytes=32 << 20, disable_log_stats=True)
     engine.update(spec.get("engine", {}))
+    sleep = spec.get("sleep")
+    if sleep:
+        engine["enable_sleep_mode"] = True
     llm = LLM(model=spec["model"], **engine)
     prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
     params = [SamplingParams(**s) for s in spec["sampling"]]
@@ -33,7 +40,14 @@ def main():
     for _ in range(spec.get("rounds", 1)):
         before = torch_tpu.metrics.report()["compiles"]
         outs = llm.generate(prompts, params, use_tqdm=False)
+        memory = {}
+        if sleep:
+            memory["awake"] = torch.tpu.memory_allocated()
+            llm.sleep(level=sleep)
+            memory["asleep"] = torch.tpu.memory_allocated()
+            llm.wake_up()
         rounds.append({
+            "memory": memory,
             "tokens": [list(o.outputs[0].token_ids) for o in outs],
             "logprobs": [[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs]
                          if o.outputs[0].logprobs else None for o in outs],

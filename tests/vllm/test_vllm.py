@@ -22,8 +22,8 @@ ENV = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TRANSFORMERS
            TOKENIZERS_PARALLELISM="false")
 
 
-def run_llm(model, prompts, sampling, engine=None, rounds=1, timeout=900):
-    spec = dict(model=model, prompts=prompts, sampling=sampling, engine=engine or {}, rounds=rounds)
+def run_llm(model, prompts, sampling, engine=None, rounds=1, timeout=900, sleep=None):
+    spec = dict(model=model, prompts=prompts, sampling=sampling, engine=engine or {}, rounds=rounds, sleep=sleep)
     p = subprocess.run([sys.executable, os.path.join(HERE, "llm_run.py"), json.dumps(spec)],
                        env=ENV, capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

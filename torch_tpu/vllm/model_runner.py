@@ -65,6 +65,7 @@ class TpuModelRunner:
         )
         self.sampler = Sampler(logprobs_mode=self.model_config.logprobs_mode)
         self.model = None
+        self.kv_caches = []  # one per attention layer (initialize_kv_cache)
         # execute_model leaves the step's logits here for sample_tokens
         self._pending = None
 
@@ -100,10 +101,12 @@ class TpuModelRunner:
         shape = TpuAttentionBackend.get_kv_cache_shape(kv_cache_config.num_blocks, spec.block_size,
                                                        spec.num_kv_heads, spec.head_size)
         ctx = self.vllm_config.compilation_config.static_forward_context
+        self.kv_caches = []
         for tensor in kv_cache_config.kv_cache_tensors:
             for name in tensor.layers:
                 cache = torch.zeros(shape, dtype=spec.dtype, device=self.device)
                 ctx[name].bind_kv_cache(cache)  # the layer holds its cache
+                self.kv_caches.append(cache)
 
     # ---- per step: scheduler changes
     def _update_states(self, so) -> None:

@@ -95,6 +95,10 @@ class TpuPlatform(Platform):
     def get_device_communicator_cls(cls) -> str:
         return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 
+    def is_sleep_mode_available(self) -> bool:
+        # TpuWorker.sleep / wake_up free and retake device memory by resizing storages
+        return True
+
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
         return False

@@ -1,6 +1,7 @@
 """`TpuWorker`: one vLLM worker process on one `tpu` device (the engine core's executor calls
 these methods by name)."""
 
+import contextlib
 import time
 
 import torch
@@ -35,16 +36,28 @@ class TpuWorker(WorkerBase):
         ensure_model_parallel_initialized(self.parallel_config.tensor_parallel_size,
                                           self.parallel_config.pipeline_parallel_size)
         set_random_seed(self.model_config.seed)
-        # The runner pads every step to its own buckets; the engine's size policy (bounded
-        # dynamism: programs at a bound with the size as a parameter, slower per run) would only
-        # add a second padding. This process runs nothing but the engine.
-        torch_tpu._C._set_dynamism(False)
         self.model_runner = TpuModelRunner(self.vllm_config, self.device)
+        self._asleep = {}  # tag -> [(storage, nbytes)] shrunk by sleep
+        self._host_weights = {}  # level-1 sleep: parameter name -> host copy
+
+    @contextlib.contextmanager
+    def _padded_steps(self):
+        """The runner pads every step to its own buckets; the engine's size policy (bounded
+        dynamism: programs at a bound with the size as a parameter, slower per run) would only
+        add a second padding. Off while the engine works, as it was for the rest of the process
+        (a trainer in the same process keeps its own setting)."""
+        was = torch_tpu._C._get_dynamism()
+        torch_tpu._C._set_dynamism(False)
+        try:
+            yield
+        finally:
+            torch_tpu._C._set_dynamism(was)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         if load_dummy_weights:
             raise NotImplementedError("tpu: dummy weights (elastic scale-up) are not supported")
-        self.model_runner.load_model()
+        with self._padded_steps():
+            self.model_runner.load_model()
 
     def get_model(self):
         return self.model_runner.model
@@ -72,7 +85,8 @@ class TpuWorker(WorkerBase):
 
     def initialize_from_config(self, kv_cache_config) -> None:
         self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
-        self.model_runner.initialize_kv_cache(kv_cache_config)
+        with self._padded_steps():
+            self.model_runner.initialize_kv_cache(kv_cache_config)
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         t0 = time.perf_counter()
@@ -80,13 +94,16 @@ class TpuWorker(WorkerBase):
         return CompilationTimes(language_model=time.perf_counter() - t0, encoder=0.0)
 
     def execute_model(self, scheduler_output):
-        return self.model_runner.execute_model(scheduler_output)
+        with self._padded_steps():
+            return self.model_runner.execute_model(scheduler_output)
 
     def sample_tokens(self, grammar_output):
-        return self.model_runner.sample_tokens(grammar_output)
+        with self._padded_steps():
+            return self.model_runner.sample_tokens(grammar_output)
 
     def execute_dummy_batch(self) -> None:
-        self.model_runner.dummy_run(1)
+        with self._padded_steps():
+            self.model_runner.dummy_run(1)
 
     def take_draft_token_ids(self):
         return None
@@ -100,11 +117,66 @@ class TpuWorker(WorkerBase):
     def profile(self, is_start: bool = True, profile_prefix=None, **kwargs) -> None:
         raise NotImplementedError("tpu: vLLM's profiler is not supported yet (use torch.profiler)")
 
+    # ---- sleep mode (LLM.sleep / LLM.wake_up, LLM(enable_sleep_mode=True)). Device memory is
+    # given back by shrinking a storage to 0 bytes and taken again by growing it to its size (its
+    # contents then read as zeros), as FSDP2 frees parameters: the tensors stay the same objects,
+    # so the layers, the runner and the programs built for them need nothing new after a wake-up.
+    def _storages(self, tag):
+        if tag == "weights":
+            tensors = [p for p in self.model_runner.model.parameters()]
+        else:
+            tensors = self.model_runner.kv_caches
+        seen, out = set(), []
+        for t in tensors:
+            st = t.untyped_storage()
+            if st._cdata not in seen and t.device.type == "tpu":
+                seen.add(st._cdata)
+                out.append((st, st.nbytes()))
+        return out
+
     def sleep(self, level: int = 1) -> None:
-        raise NotImplementedError("tpu: sleep mode is not supported yet")
+        """Level 1: the weights go to host memory and the KV cache is discarded; level 2: both are
+        discarded (the weights are loaded again, e.g. by `LLM.collective_rpc("reload_weights")` or
+        `LLM.apply_model(lambda m: m.load_weights(...))` from a trainer). Buffers (rotary tables)
+        stay on the device."""
+        if level not in (1, 2):
+            raise ValueError(f"tpu: sleep level {level} (the worker takes 1 or 2)")
+        torch.tpu.synchronize(self.device)
+        before = torch.tpu.memory_reserved(self.device)
+        if level == 1:
+            self._host_weights = {n: p.detach().to("cpu") for n, p in self.model_runner.model.named_parameters()}
+        for tag in ("weights", "kv_cache"):
+            self._asleep[tag] = self._storages(tag)
+            for st, _ in self._asleep[tag]:
+                st.resize_(0)
+        torch.tpu.synchronize(self.device)
+        after = torch.tpu.memory_reserved(self.device)
+        logger.info("tpu sleep (level %d) freed %.3f GiB; %.3f GiB still in use", level,
+                    (before - after) / 2**30, after / 2**30)
+
+    def discard(self, tags) -> None:
+        """Frees the memory of `tags` without keeping their contents (wake_up takes it again)."""
+        torch.tpu.synchronize(self.device)
+        for tag in tags:
+            if tag in ("weights", "kv_cache") and tag not in self._asleep:
+                self._asleep[tag] = self._storages(tag)
+                for st, _ in self._asleep[tag]:
+                    st.resize_(0)
+
+    def reset_encoder_cache(self) -> None:
+        return  # no encoder cache (text models only)
 
     def wake_up(self, tags=None) -> None:
-        raise NotImplementedError("tpu: sleep mode is not supported yet")
+        tags = list(self._asleep) if tags is None else tags
+        for tag in tags:
+            for st, nbytes in self._asleep.pop(tag, ()):
+                st.resize_(nbytes)
+            if tag == "weights" and self._host_weights:
+                with torch.no_grad():
+                    for n, p in self.model_runner.model.named_parameters():
+                        p.copy_(self._host_weights[n])
+                self._host_weights = {}
+        torch.tpu.synchronize(self.device)
 
     def check_health(self) -> None:
         return
