@@ -496,6 +496,11 @@ class Engine {
  private:
   Engine() = default;
   static std::string describe_failure(const Graph& g, const std::string& what);
+  // Program parameters and results for run / run_replicated (see Engine::bind in program.cc).
+  std::vector<std::vector<rt::BufferPtr>> bind(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                                               bool replicated);
+  void bind_results(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                    const std::vector<std::vector<StoragePtr>>& outputs, std::vector<std::vector<rt::BufferPtr>>& outs);
   rt::BufferPtr scalar_buffer(double v, bool is_int, DType t, int device);
   std::map<int, std::unique_ptr<Graph>> graphs_;
   std::map<std::pair<std::thread::id, int>, std::unique_ptr<Graph>> captures_;  // (thread, device)

@@ -204,12 +204,7 @@ Program Engine::build_replicated(Graph& g, int replicas) {
     if (r.kind == Slot::Kind::Storage)
       throw rt::Error("torch_tpu: a replicated program may write only its inputs and outputs (it wrote a tensor "
                       "that existed before the capture)");
-  std::string text = g.b.module(values);
-  const std::string one = "mhlo.num_replicas = 1 : i32";  // the module says how many replicas run it
-  auto at = text.find(one);
-  if (at != std::string::npos)
-    text.replace(at, one.size(), "mhlo.num_replicas = " + std::to_string(replicas) + " : i32");
-  p.text = std::make_shared<const std::string>(std::move(text));
+  p.text = std::make_shared<const std::string>(g.b.module(values, replicas));
   metrics.program_bytes += static_cast<int64_t>(p.text->size());
   last_program_ = p.text;
   auto t0 = std::chrono::steady_clock::now();
@@ -222,123 +217,124 @@ Program Engine::build_replicated(Graph& g, int replicas) {
   return p;
 }
 
-void Engine::run_replicated(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
-                            const std::vector<std::vector<StoragePtr>>& outputs) {
+// The binder of single and replicated runs: replica r reads its Input bindings from inputs[r]
+// and writes its Input / Output slots to inputs[r] / outputs[r]; a single run is replica 0 on
+// p.device, a replicated one runs replica r on device r.
+std::vector<std::vector<rt::BufferPtr>> Engine::bind(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                                                     bool replicated) {
   size_t n = inputs.size();
-  if (n == 0 || outputs.size() != n) throw rt::Error("torch_tpu: a replicated program needs inputs and outputs per replica");
   auto& client = rt::Client::get();
-  std::vector<std::vector<rt::BufferPtr>> keep(n);
-  std::vector<std::vector<PJRT_Buffer*>> args(n);
+  std::vector<std::vector<rt::BufferPtr>> bufs(n);
+  for (auto& b : bufs) b.reserve(p.params.size());
   std::pair<uint32_t, uint32_t> draw{0, 0};
-  auto on_device = [&](Storage& st, int r) -> rt::BufferPtr {  // st's value on device r
-    if (!st.buffer) zero_fill(st);
-    if (st.device == r) return st.buffer;
-    std::vector<char> host(static_cast<size_t>(st.elements() * hlo::itemsize(st.dtype)));
-    st.buffer->to_host(host.data(), host.size());
-    return client.from_host(host.data(), pjrt_type(st.dtype), {st.elements()}, r);
-  };
+  if (!replicated && p.scalars.size() != p.params.size()) p.scalars.assign(p.params.size(), nullptr);
   for (size_t i = 0; i < p.params.size(); ++i) {
     const Binding& b = p.params[i];
-    if (b.kind == Binding::Kind::Rng && b.index == 0) {
+    if (b.kind == Binding::Kind::Rng && b.index == 0) {  // one draw, shared by all replicas
       if (!rng_source_) throw rt::Error("torch_tpu: no device generator");
       auto [seed, offset] = rng_source_(p.device, static_cast<uint64_t>(b.n));
       draw = rng_words(seed, offset);
     }
     for (size_t r = 0; r < n; ++r) {
-      int dev = static_cast<int>(r);
+      int dev = replicated ? static_cast<int>(r) : p.device;
       rt::BufferPtr buf;
       switch (b.kind) {
+        case Binding::Kind::Storage:
         case Binding::Kind::Input: {
-          if (b.index < 0 || static_cast<size_t>(b.index) >= inputs[r].size())
-            throw rt::Error("torch_tpu: a replicated program ran with too few tensors");
-          buf = on_device(*inputs[r][b.index], dev);
+          bool input = b.kind == Binding::Kind::Input;
+          if (input && (b.index < 0 || static_cast<size_t>(b.index) >= inputs[r].size()))
+            throw rt::Error("torch_tpu: a program ran with too few tensors");
+          Storage& st = input ? *inputs[r][b.index] : *b.st;
+          if (replicated && !st.buffer) zero_fill(st);
+          buf = st.buffer;
+          if (!buf) throw rt::Error("torch_tpu: a program input has no device buffer");
+          if (st.device != dev) {  // a replica reads another device's storage: a copy on its own
+            std::vector<char> host(static_cast<size_t>(st.elements() * hlo::itemsize(st.dtype)));
+            st.buffer->to_host(host.data(), host.size());
+            buf = client.from_host(host.data(), pjrt_type(st.dtype), {st.elements()}, dev);
+          }
+          if (replicated || i >= p.param_bytes.size()) break;
+          if (st.elements() * hlo::itemsize(st.dtype) != p.param_bytes[i])
+            throw rt::Error("torch_tpu: a tensor the program reads (" +
+                            std::string(input ? "input " + std::to_string(b.index) : "a storage") +
+                            ") changed its storage size since the program was built (" + std::to_string(p.param_bytes[i]) +
+                            " bytes expected, " + std::to_string(st.elements() * hlo::itemsize(st.dtype)) +
+                            (st.dynamic() ? ", made dynamic" : "") + ")");
+          if (buf->bytes() != p.param_bytes[i])
+            throw rt::Error("torch_tpu: internal error: parameter " + std::to_string(i) + " of a program expects " +
+                            std::to_string(p.param_bytes[i]) + " bytes, its buffer holds " +
+                            std::to_string(buf->bytes()) + " (storage " + std::to_string(st.nbytes) + " bytes" +
+                            (st.dynamic() ? ", dynamic, capacity " + std::to_string(st.capacity) : "") + ")");
           break;
         }
-        case Binding::Kind::Storage: buf = on_device(*b.st, dev); break;
-        case Binding::Kind::Scalar: buf = scalar_buffer(b.v, b.is_int, b.t, dev); break;
+        case Binding::Kind::Scalar:
+          if (replicated) {
+            buf = scalar_buffer(b.v, b.is_int, b.t, dev);
+          } else {
+            if (!p.scalars[i]) p.scalars[i] = scalar_buffer(b.v, b.is_int, b.t, dev);
+            buf = p.scalars[i];
+          }
+          break;
         case Binding::Kind::Rng:
           buf = scalar_buffer(b.index == 0 ? draw.first : draw.second, true, DType::U32, dev);
           break;
       }
-      args[r].push_back(buf->get());
-      keep[r].push_back(std::move(buf));
+      bufs[r].push_back(std::move(buf));
     }
   }
-  auto outs = p.exe->execute_replicated(args);
-  metrics.executions++;
-  for (size_t r = 0; r < n; ++r)
+  return bufs;
+}
+
+// Result i of replica r into its slot's storage.
+void Engine::bind_results(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                          const std::vector<std::vector<StoragePtr>>& outputs, std::vector<std::vector<rt::BufferPtr>>& outs) {
+  auto cw = check_words_.find(p.device);
+  for (size_t r = 0; r < outs.size(); ++r)
     for (size_t i = 0; i < p.results.size(); ++i) {
       const Slot& s = p.results[i];
-      const auto& v = s.kind == Slot::Kind::Input ? inputs[r] : outputs[r];
-      if (s.index < 0 || static_cast<size_t>(s.index) >= v.size())
-        throw rt::Error("torch_tpu: a replicated program ran with too few tensors");
-      v[s.index]->buffer = outs[r][i];
+      const StoragePtr* st = &s.st;
+      if (s.kind != Slot::Kind::Storage) {
+        const auto& v = s.kind == Slot::Kind::Input ? inputs[r] : outputs[r];
+        if (s.index < 0 || static_cast<size_t>(s.index) >= v.size())
+          throw rt::Error("torch_tpu: a program ran with too few tensors");
+        st = &v[s.index];
+      }
+      (*st)->buffer = std::move(outs[r][i]);
+      if (cw != check_words_.end() && *st == cw->second) check_dirty_[p.device] = true;
     }
 }
 
+namespace {
+std::vector<PJRT_Buffer*> raw(const std::vector<rt::BufferPtr>& bufs) {
+  std::vector<PJRT_Buffer*> out;
+  out.reserve(bufs.size());
+  for (const auto& b : bufs) out.push_back(b->get());
+  return out;
+}
+}  // namespace
+
+void Engine::run_replicated(const Program& p, const std::vector<std::vector<StoragePtr>>& inputs,
+                            const std::vector<std::vector<StoragePtr>>& outputs) {
+  size_t n = inputs.size();
+  if (n == 0 || outputs.size() != n) throw rt::Error("torch_tpu: a replicated program needs inputs and outputs per replica");
+  auto keep = bind(p, inputs, true);
+  std::vector<std::vector<PJRT_Buffer*>> args;
+  for (const auto& k : keep) args.push_back(raw(k));
+  auto outs = p.exe->execute_replicated(args);
+  metrics.executions++;
+  bind_results(p, inputs, outputs, outs);
+}
+
 void Engine::run(const Program& p, const std::vector<StoragePtr>& inputs, const std::vector<StoragePtr>& outputs) {
-  auto storage = [&](const StoragePtr& st, Slot::Kind kind, int index) -> const StoragePtr& {
-    if (kind == Slot::Kind::Storage) return st;
-    const auto& v = kind == Slot::Kind::Input ? inputs : outputs;
-    if (index < 0 || static_cast<size_t>(index) >= v.size()) throw rt::Error("torch_tpu: a program ran with too few tensors");
-    return v[index];
-  };
-  std::vector<rt::BufferPtr> keep;
-  std::vector<PJRT_Buffer*> args;
-  keep.reserve(p.params.size());
-  args.reserve(p.params.size());
-  std::pair<uint32_t, uint32_t> draw{0, 0};
-  if (p.scalars.size() != p.params.size()) p.scalars.assign(p.params.size(), nullptr);
-  for (size_t i = 0; i < p.params.size(); ++i) {
-    const Binding& b = p.params[i];
-    rt::BufferPtr buf;
-    switch (b.kind) {
-      case Binding::Kind::Storage:
-      case Binding::Kind::Input: {
-        const StoragePtr& st = storage(b.st, b.kind == Binding::Kind::Input ? Slot::Kind::Input : Slot::Kind::Storage, b.index);
-        buf = st->buffer;
-        if (!buf) throw rt::Error("torch_tpu: a program input has no device buffer");
-        if (i < p.param_bytes.size() && st->elements() * hlo::itemsize(st->dtype) != p.param_bytes[i])
-          throw rt::Error("torch_tpu: a tensor the program reads (" +
-                          std::string(b.kind == Binding::Kind::Input ? "input " + std::to_string(b.index) : "a storage") +
-                          ") changed its storage size since the program was built (" + std::to_string(p.param_bytes[i]) +
-                          " bytes expected, " + std::to_string(st->elements() * hlo::itemsize(st->dtype)) +
-                          (st->dynamic() ? ", made dynamic" : "") + ")");
-        if (i < p.param_bytes.size() && buf->bytes() != p.param_bytes[i])
-          throw rt::Error("torch_tpu: internal error: parameter " + std::to_string(i) + " of a program expects " +
-                          std::to_string(p.param_bytes[i]) + " bytes, its buffer holds " +
-                          std::to_string(buf->bytes()) + " (storage " + std::to_string(st->nbytes) + " bytes" +
-                          (st->dynamic() ? ", dynamic, capacity " + std::to_string(st->capacity) : "") + ")");
-        break;
-      }
-      case Binding::Kind::Scalar:
-        if (!p.scalars[i]) p.scalars[i] = scalar_buffer(b.v, b.is_int, b.t, p.device);
-        buf = p.scalars[i];
-        break;
-      case Binding::Kind::Rng:
-        if (b.index == 0) {
-          if (!rng_source_) throw rt::Error("torch_tpu: no device generator");
-          auto [seed, offset] = rng_source_(p.device, static_cast<uint64_t>(b.n));
-          draw = rng_words(seed, offset);
-        }
-        buf = scalar_buffer(b.index == 0 ? draw.first : draw.second, true, DType::U32, p.device);
-        break;
-    }
-    args.push_back(buf->get());
-    keep.push_back(std::move(buf));
-  }
+  std::vector<std::vector<StoragePtr>> in{inputs}, out{outputs};
+  auto keep = bind(p, in, false);
   // a donated buffer that something else still holds (beyond its storage and `keep`) is kept
   std::vector<int64_t> no_donate;
   for (const auto& [param, result] : p.donations)
-    if (keep[param].use_count() > 2) no_donate.push_back(param);
-  auto outs = p.exe->execute(p.device, args, no_donate);
+    if (keep[0][param].use_count() > 2) no_donate.push_back(param);
+  std::vector<std::vector<rt::BufferPtr>> outs{p.exe->execute(p.device, raw(keep[0]), no_donate)};
   metrics.executions++;
-  auto cw = check_words_.find(p.device);
-  for (size_t i = 0; i < p.results.size(); ++i) {
-    const StoragePtr& st = storage(p.results[i].st, p.results[i].kind, p.results[i].index);
-    st->buffer = outs[i];
-    if (cw != check_words_.end() && st == cw->second) check_dirty_[p.device] = true;
-  }
+  bind_results(p, in, out, outs);
 }
 
 }  // namespace tt::engine

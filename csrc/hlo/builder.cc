@@ -173,9 +173,9 @@ Value Builder::param(const Type& t) {
 
 void Builder::alias(int p, int r) { aliases_.emplace_back(p, r); }
 
-std::string Builder::module(const std::vector<Value>& results) const {
+std::string Builder::module(const std::vector<Value>& results, int replicas) const {
   std::ostringstream os;
-  os << "module @tt attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {\n"
+  os << "module @tt attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = " << replicas << " : i32} {\n"
      << "  func.func public @main(";
   for (size_t i = 0; i < params_.size(); ++i) {
     if (i) os << ", ";

@@ -114,8 +114,9 @@ class Builder {
   const std::vector<Type>& param_types() const { return params_; }
   // Marks parameter `param_index` as donated into result `result_index`.
   void alias(int param_index, int result_index);
-  // The module text with `results` returned from @main.
-  std::string module(const std::vector<Value>& results) const;
+  // The module text with `results` returned from @main, for `replicas` replicas (in-program
+  // collectives run one replica per device).
+  std::string module(const std::vector<Value>& results, int replicas = 1) const;
   const std::string& body_text() const { return body_; }
 
   // ---- private functions (custom kernels): `text` holds `func.func private @symbol`
