@@ -53,24 +53,21 @@ void Engine::relieve_map_pressure() {
 }
 
 rt::ExecutablePtr Engine::compile(const std::string& text) {
-  auto it = cache_.find(text);
-  if (it != cache_.end()) {
+  if (auto* hit = cache_.find(text)) {
     metrics.cache_hits++;
-    return it->second;
+    return *hit;
   }
   metrics.cache_misses++;
   relieve_map_pressure();
   if (auto cached = disk_load(text)) {
-    if (cache_.size() >= 8192) cache_.clear();
-    cache_[text] = cached;
+    cache_.put(text, cached);
     return cached;
   }
   auto t0 = std::chrono::steady_clock::now();
   auto exe = rt::Client::get().compile(text);
   note_compile(t0);
   disk_store(text, *exe);
-  if (cache_.size() >= 8192) cache_.clear();
-  cache_[text] = exe;
+  cache_.put(text, exe);
   return exe;
 }
 

@@ -225,8 +225,7 @@ void Engine::make_dynamic(const StoragePtr& st, int64_t capacity, const std::vec
 
 void Engine::record_sizes(Storage& st, const std::vector<std::pair<int64_t, int64_t>>& sizes) {
   for (const auto& [size, bound] : sizes) {
-    if (live_.size() > 4096) live_.clear();
-    live_[size] = {bound, epoch_};
+    live_.put(size, {bound, epoch_});
     bool known = false;
     for (auto& e : st.dyn)
       if (e.first == size) {
@@ -252,13 +251,12 @@ void Engine::make_static(const StoragePtr& st) {
 }
 
 int64_t Engine::live_bound(int64_t size) const {
-  auto it = live_.find(size);
-  return it != live_.end() && epoch_ - it->second.second <= 2 ? it->second.first : 0;
+  const auto* it = live_.peek(size);
+  return it && epoch_ - it->second <= 2 ? it->first : 0;
 }
 
 bool Engine::size_changed(const std::string& site, int64_t size) {
   if (!dynamism_) return false;
-  if (sites_.size() > 65536) sites_.clear();
   SiteSizes& s = sites_[site];
   if (s.epoch != epoch_) {
     if (!s.cur.empty()) s.prev = std::move(s.cur);

@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/lru.h"
 #include "hlo/builder.h"
 #include "lowering/lowering.h"
 #include "runtime/runtime.h"
@@ -440,11 +441,12 @@ class Engine {
   // text is compared with the trace's at the flush (trace_verify_failures).
   void set_trace_verify(bool on) { trace_verify_ = on; }
   bool trace_verify() const { return trace_verify_; }
-  size_t trace_count() const { return trace_count_; }
-  void clear_traces() {
-    traces_.clear();
-    trace_count_ = 0;
+  size_t trace_count() const {
+    size_t n = 0;
+    traces_.for_each([&](const std::string&, const auto& bucket) { n += bucket.size(); });
+    return n;
   }
+  void clear_traces() { traces_.clear(); }
   void synchronize();  // flush everything and wait for all runs, then raise device check errors
 
   // Device-side checks (see lower::Env::check): each device has an error word
@@ -504,8 +506,8 @@ class Engine {
   rt::BufferPtr scalar_buffer(double v, bool is_int, DType t, int device);
   std::map<int, std::unique_ptr<Graph>> graphs_;
   std::map<std::pair<std::thread::id, int>, std::unique_ptr<Graph>> captures_;  // (thread, device)
-  std::unordered_map<std::string, rt::ExecutablePtr> cache_;
-  std::unordered_map<std::string, rt::BufferPtr> scalars_;
+  Lru<std::string, rt::ExecutablePtr> cache_{8192};  // program text -> executable
+  Lru<std::string, rt::BufferPtr> scalars_{4096};    // scalar parameter buffers by value, type, device
   Mode mode_ = Mode::Strict;
   size_t fuse_limit_ = 4096;
   bool split_threads_ = true;
@@ -526,7 +528,7 @@ class Engine {
   std::function<std::string()> site_source_;
   StoragePtr check_word(int device);
   std::function<void(const std::string&)> warn_;
-  std::unordered_map<std::string, int> compiles_by_ops_;
+  Lru<std::string, int> compiles_by_ops_{4096};  // programs compiled per op sequence
   void note_compile(const Graph& g, const std::vector<Value>& results);
   // The results of g (written, live entries) and their donations into p; the
   // entries they come from into `entries` and their values into `values`.
@@ -536,8 +538,8 @@ class Engine {
   void leave_trace(Graph& g);
   static void set_param_bytes(const Graph& g, Program& p);
   void record_trace(Graph& g, const std::vector<int>& outs, const Program& p);
-  std::unordered_map<std::string, std::vector<std::shared_ptr<const Trace>>> traces_;  // by first key
-  size_t trace_count_ = 0;
+  // by first key, at most 8 per key (most recent first): at most 4096 traces
+  Lru<std::string, std::vector<std::shared_ptr<const Trace>>> traces_{512};
   bool trace_on_ = true, trace_verify_ = false;
   std::vector<int64_t> steps_ = {2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   double growth_ = 1.25;
@@ -552,11 +554,11 @@ class Engine {
     std::vector<int64_t> cur, prev;
     bool dynamic = false;  // it changed once: dynamic from then on (as Dynamo's automatic dynamic)
   };
-  std::unordered_map<std::string, SiteSizes> sites_;
+  Lru<std::string, SiteSizes> sites_{65536};
   std::map<std::string, int64_t> programs_per_bucket_;
   // sizes made dynamic lately (-> bound, epoch): a split of a dynamic dim ([L*B] viewed as
   // [L, B]) is dynamic in the factor that is one of them
-  std::unordered_map<int64_t, std::pair<int64_t, int64_t>> live_;
+  Lru<int64_t, std::pair<int64_t, int64_t>> live_{4096};
   int64_t live_bound(int64_t size) const;
   void record_sizes(Storage& st, const std::vector<std::pair<int64_t, int64_t>>& sizes);
   rt::ExecutablePtr disk_load(const std::string& text);

@@ -17,8 +17,7 @@ rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) 
   key += static_cast<char>(t);
   key += static_cast<char>(is_int);
   key += std::to_string(device);
-  auto it = scalars_.find(key);
-  if (it != scalars_.end()) return it->second;
+  if (auto* hit = scalars_.find(key)) return *hit;
   unsigned char buf[16] = {0};
   auto put = [&](auto x) { std::memcpy(buf, &x, sizeof x); };
   switch (t) {
@@ -63,8 +62,7 @@ rt::BufferPtr Engine::scalar_buffer(double v, bool is_int, DType t, int device) 
   auto buffer = rt::Client::get().from_host(buf, pjrt_type(t), {}, device);
   metrics.h2d_transfers++;
   metrics.h2d_bytes += hlo::itemsize(t);
-  if (scalars_.size() > 4096) scalars_.clear();
-  scalars_[key] = buffer;
+  scalars_.put(key, buffer);
   return buffer;
 }
 
@@ -169,7 +167,6 @@ void Engine::note_compile(const Graph& g, const std::vector<Value>& results) {
   for (const auto& t : g.b.param_types()) key += t.str();
   key += "->";
   for (const auto& v : results) key += v.type.str();
-  if (compiles_by_ops_.size() > 4096) compiles_by_ops_.clear();
   if (++compiles_by_ops_[key] != kFrequentCompiles) return;
   key = name;
   metrics.frequent_compiles++;

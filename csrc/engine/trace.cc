@@ -30,9 +30,9 @@ void Engine::begin_op(Graph& g, const std::string* key, const CurrentFn& current
       g.trace = nullptr;
       g.b.set_dry(false);
     }
-    auto it = traces_.find(*key);
-    if (it == traces_.end()) return;
-    for (const auto& t : it->second)
+    auto* bucket = traces_.find(*key);
+    if (!bucket) return;
+    for (const auto& t : *bucket)
       if (fits(*t)) {
         g.trace = t;
         g.b.set_dry(!trace_verify_);
@@ -43,9 +43,8 @@ void Engine::begin_op(Graph& g, const std::string* key, const CurrentFn& current
   if (!g.trace) return;
   if (fits(*g.trace)) return;
   // another recorded trace that shares this graph's ops so far?
-  auto it = traces_.find(g.keys[0]);
-  if (it != traces_.end())
-    for (const auto& t : it->second) {
+  if (auto* bucket = traces_.find(g.keys[0]))
+    for (const auto& t : *bucket) {
       if (t == g.trace || !fits(*t)) continue;
       bool same = true;
       for (size_t k = 0; same && k < i; ++k) same = t->keys[k] == g.keys[k] && t->reads[k] == g.reads[k];
@@ -80,20 +79,14 @@ void Engine::record_trace(Graph& g, const std::vector<int>& outs, const Program&
   t->aliases = p.donations;
   t->exe = p.exe;
   t->text = p.text;
-  if (trace_count_ >= 4096) clear_traces();
   auto& bucket = traces_[t->keys[0]];
   for (auto it = bucket.begin(); it != bucket.end(); ++it)
     if ((*it)->keys == t->keys && (*it)->reads == t->reads && (*it)->outs == t->outs && (*it)->aliases == t->aliases) {
       bucket.erase(it);
-      --trace_count_;
       break;
     }
   bucket.insert(bucket.begin(), std::move(t));
-  ++trace_count_;
-  if (bucket.size() > 8) {
-    bucket.pop_back();
-    --trace_count_;
-  }
+  if (bucket.size() > 8) bucket.pop_back();
   metrics.trace_recorded++;
 }
 
