@@ -77,6 +77,7 @@ def _start():
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         path, platform = _plugin.find_plugin()
+        _plugin.claim_devices(platform)  # TORCH_TPU_EXCLUSIVE=1: one process per device
         n = _num_cpu_devices()
         _C._init(str(path), platform, n)
     except Exception as e:  # the device stays unavailable; CPU PyTorch keeps working

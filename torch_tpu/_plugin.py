@@ -70,3 +70,47 @@ def find_plugin():
         "torch_tpu found no PJRT plugin: install lammps-jax-pjrt-cpu (CPU), jax-cuda13-pjrt (NVIDIA GPU) "
         "or libtpu (Cloud TPU), or set TORCH_TPU_PJRT_PLUGIN=/path/to/plugin.so"
     )
+
+
+# ---- the one-process rule (TORCH_TPU_EXCLUSIVE=1)
+# A Cloud TPU's chips are opened by one process at a time (libtpu refuses a second one). With
+# TORCH_TPU_EXCLUSIVE=1 every plugin behaves so: the process that creates the client holds an
+# exclusive lock on its platform's devices until it exits (or dies: the kernel drops the lock),
+# and another process of the same user gets an error naming the owner instead of a second client.
+_device_lock = None  # the open lock file, held for the life of the process
+
+
+def _lock_path(platform):
+    base = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    d = os.path.join(base, f"torch_tpu-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    visible = os.environ.get("TPU_VISIBLE_CHIPS") or os.environ.get("CUDA_VISIBLE_DEVICES") or "all"
+    return os.path.join(d, f"{platform}-{visible.replace(',', '_').replace('/', '_')}.lock")
+
+
+def claim_devices(platform):
+    """Takes the platform's devices for this process when TORCH_TPU_EXCLUSIVE=1 (else does
+    nothing); raises RuntimeError naming the process that holds them."""
+    global _device_lock
+    if os.environ.get("TORCH_TPU_EXCLUSIVE", "0") in ("", "0") or _device_lock is not None:
+        return
+    import fcntl
+
+    path = _lock_path(platform)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        owner = f.read().strip() or "another process"
+        f.close()
+        raise RuntimeError(
+            f"the {platform} devices are in use by {owner}: one process opens a device "
+            f"(TORCH_TPU_EXCLUSIVE=1, the rule a Cloud TPU enforces; lock {path}). Stop that "
+            "process, or unset TORCH_TPU_EXCLUSIVE to share the devices.") from None
+    f.truncate(0)
+    import sys
+
+    f.write(f"process {os.getpid()} ({' '.join(sys.argv)[:200] or sys.executable})")
+    f.flush()
+    _device_lock = f

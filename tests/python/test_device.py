@@ -254,3 +254,33 @@ def test_stream_context_is_reusable_and_sets_the_current_stream():
         assert torch.tpu.current_stream() is default
     with torch.tpu.stream(None):
         assert torch.tpu.current_stream() is default
+
+
+def test_one_process_rule_names_the_owner_and_frees_the_device_when_it_dies(tmp_path):
+    # TORCH_TPU_EXCLUSIVE=1: what a Cloud TPU enforces (one process opens its chips), on any
+    # plugin. A second process gets an error naming the owner (not a hang, not a second client);
+    # the owner killed, the device is free again.
+    import os
+    import signal
+    env = dict(os.environ, TORCH_TPU_EXCLUSIVE="1", XDG_RUNTIME_DIR=str(tmp_path))
+    owner = subprocess.Popen(
+        [sys.executable, "-c", "import torch, time; torch.ones(2, device='tpu'); print('up', flush=True); time.sleep(120)"],
+        env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline().strip() == "up"
+        probe = ("import torch\n"
+                 "try:\n    torch.ones(2, device='tpu')\nexcept RuntimeError as e:\n    print('ERR', e)\n"
+                 "print('available', torch.tpu.is_available())\n")
+        out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+        assert f"in use by process {owner.pid}" in out.stdout, out.stdout + out.stderr[-2000:]
+        assert "available False" in out.stdout
+        # without the switch the devices are shared, as before
+        shared = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(2, device='tpu').sum().item())"],
+                                env=dict(env, TORCH_TPU_EXCLUSIVE="0"), capture_output=True, text=True, timeout=120)
+        assert shared.stdout.strip() == "2.0", shared.stderr[-2000:]
+    finally:
+        owner.send_signal(signal.SIGKILL)
+        owner.wait()
+    again = subprocess.run([sys.executable, "-c", "import torch; print(torch.ones(2, device='tpu').sum().item())"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert again.stdout.strip() == "2.0", again.stderr[-2000:]
