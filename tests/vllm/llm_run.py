@@ -46,6 +46,8 @@ def main():
             llm.sleep(level=sleep)
             memory["asleep"] = torch.tpu.memory_allocated()
             llm.wake_up()
+            if sleep == 2:  # the weights were discarded: load them again
+                llm.collective_rpc("reload_weights")
         rounds.append({
             "memory": memory,
             "tokens": [list(o.outputs[0].token_ids) for o in outs],

@@ -46,14 +46,16 @@ def test_grpo_loop_colocated_in_one_process():
     assert last > first + 0.2, (first, last)
 
 
-def test_sleep_level_1_frees_the_device_and_wakes_with_the_same_weights(models):
-    """LLM.sleep(level=1) moves the weights to host memory and drops the KV cache; after
+@pytest.mark.parametrize("level", [1, 2])
+def test_sleep_frees_the_device_and_wakes_with_the_same_weights(models, level):
+    """LLM.sleep(level=1) moves the weights to host memory and drops the KV cache, level 2 drops
+    both (the weights are loaded again with collective_rpc("reload_weights")); after
     LLM.wake_up() greedy generation gives the tokens it gave before, equal to transformers'."""
     model = models("llama")
     prompts = prompts_of([5, 19], seed=7)
     want = hf_greedy(model, prompts, 6)
     res = run_llm(model, prompts, [dict(temperature=0, max_tokens=6, ignore_eos=True)], rounds=2,
-                  engine=dict(kv_cache_memory_bytes=32 << 20), sleep=1)
+                  engine=dict(kv_cache_memory_bytes=32 << 20), sleep=level)
     for r in res["rounds"]:
         assert r["tokens"] == want
         # the KV cache (32 MiB) and the weights are given back while asleep

@@ -163,6 +163,16 @@ class TpuWorker(WorkerBase):
                 for st, _ in self._asleep[tag]:
                     st.resize_(0)
 
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format: bool = True) -> None:
+        """`LLM.collective_rpc("reload_weights")`: the checkpoint (or `weights_iterator`) loaded
+        again into the model's parameters in place (after a level-2 sleep, or new weights)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload.inplace import reload_weights
+
+        with set_current_vllm_config(self.vllm_config), self._padded_steps():
+            reload_weights(self.vllm_config, self.model_runner.model, weights_iterator=weights_iterator,
+                           weights_path=weights_path, is_checkpoint_format=is_checkpoint_format)
+
     def reset_encoder_cache(self) -> None:
         return  # no encoder cache (text models only)
 
