@@ -59,6 +59,15 @@ struct NoGil {
   }
 };
 
+// Where every collective starts: the GIL released while it waits (before the lock, so a thread
+// holding the lock can take the GIL), then one call at a time through agreement and issue (the
+// same order on every rank's side of gloo).
+struct Issuing {
+  NoGil nogil;
+  std::lock_guard<std::mutex> lock;
+  explicit Issuing(std::mutex& m) : lock(m) {}
+};
+
 const char* reduce_name(ReduceOp::RedOpType op) {
   switch (op) {
     case ReduceOp::SUM: return "SUM";
@@ -339,10 +348,22 @@ class TpuBackend final : public c10d::Backend {
   }
 
   // ------------------------------------------------------------ collectives
+  // gather's outputs / scatter's inputs: one list of size_ tensors on the root, none elsewhere.
+  std::vector<at::Tensor> root_list(const char* op, std::vector<std::vector<at::Tensor>>& lists, bool is_root,
+                                    const char* what) {
+    if (is_root) {
+      TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size_, kName, ": ", op,
+                  ": the root needs one ", what, " list of ", size_, " tensors");
+      return lists[0];
+    }
+    TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), kName, ": ", op, ": only the root passes ",
+                what, " tensors");
+    return {};
+  }
+
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     const char* op = "broadcast";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     int64_t root = opts.rootRank * static_cast<int64_t>(tensors.size()) + opts.rootTensor;
@@ -357,8 +378,7 @@ class TpuBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     const char* op = "allreduce";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     auto red = reduction(op, opts.reduceOp, dtype);
@@ -377,8 +397,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceCoalescedOptions& opts) override {
     const char* op = "allreduce_coalesced";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     auto red = reduction(op, opts.reduceOp, dtype);
@@ -406,8 +425,7 @@ class TpuBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     const char* op = "reduce";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, tensors);
     auto dtype = common_dtype(op, tensors);
     auto red = reduction(op, opts.reduceOp, dtype);
@@ -429,8 +447,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) override {
     const char* op = "allgather";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1, kName, ": ", op,
                 " takes one input tensor and one output list per process");
     auto outs = outputs[0];
@@ -454,8 +471,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
                                                  const c10d::AllgatherOptions& opts) override {
     const char* op = "all_gather_into_tensor";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     std::vector<at::Tensor> ins{input}, outs{output};
     begin(op, ins, outs);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
@@ -475,8 +491,7 @@ class TpuBackend final : public c10d::Backend {
                                                      std::vector<at::Tensor>& inputs,
                                                      const c10d::AllgatherOptions& opts) override {
     const char* op = "allgather_coalesced";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     std::vector<at::Tensor> all_out;
     for (auto& l : output_lists) all_out.insert(all_out.end(), l.begin(), l.end());
     begin(op, inputs, all_out);
@@ -503,8 +518,7 @@ class TpuBackend final : public c10d::Backend {
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override {
     const char* op = "allgather_into_tensor_coalesced";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, inputs, outputs);
     TORCH_CHECK(outputs.size() == inputs.size(), kName, ": ", op, ": ", outputs.size(), " outputs for ",
                 inputs.size(), " inputs");
@@ -525,19 +539,10 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
     const char* op = "gather";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(inputs.size() == 1, kName, ": ", op, " takes one input tensor per process");
     bool is_root = opts.rootRank == rank_;
-    std::vector<at::Tensor> outs;
-    if (is_root) {
-      TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, kName, ": ", op,
-                  ": the root needs one output list of ", size_, " tensors");
-      outs = outputs[0];
-    } else {
-      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()), kName, ": ", op,
-                  ": only the root passes output tensors");
-    }
+    std::vector<at::Tensor> outs = root_list(op, outputs, is_root, "output");
     begin(op, inputs, outs);
     auto dtype = common_dtype(op, inputs);
     for (auto& o : outs)
@@ -556,19 +561,10 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     const char* op = "scatter";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(outputs.size() == 1, kName, ": ", op, " takes one output tensor per process");
     bool is_root = opts.rootRank == rank_;
-    std::vector<at::Tensor> ins;
-    if (is_root) {
-      TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, kName, ": ", op,
-                  ": the root needs one input list of ", size_, " tensors");
-      ins = inputs[0];
-    } else {
-      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()), kName, ": ", op,
-                  ": only the root passes input tensors");
-    }
+    std::vector<at::Tensor> ins = root_list(op, inputs, is_root, "input");
     begin(op, ins, outputs);
     auto dtype = common_dtype(op, outputs);
     for (auto& i : ins)
@@ -588,8 +584,7 @@ class TpuBackend final : public c10d::Backend {
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
     const char* op = "reduce_scatter";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1, kName, ": ", op,
                 " takes one output tensor and one input list per process");
     auto ins = inputs[0];
@@ -623,8 +618,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::ReduceScatterOptions& opts) override {
     const char* op = "reduce_scatter_tensor";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     std::vector<at::Tensor> ins{input}, outs{output};
     begin(op, ins, outs);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
@@ -650,8 +644,7 @@ class TpuBackend final : public c10d::Backend {
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) override {
     const char* op = "reduce_scatter_tensor_coalesced";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, inputs, outputs);
     TORCH_CHECK(outputs.size() == inputs.size(), kName, ": ", op, ": ", outputs.size(), " outputs for ",
                 inputs.size(), " inputs");
@@ -680,8 +673,7 @@ class TpuBackend final : public c10d::Backend {
                                                std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts) override {
     const char* op = "all_to_all_single";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     std::vector<at::Tensor> ins{input}, outs{output};
     begin(op, ins, outs);
     TORCH_CHECK(output.scalar_type() == input.scalar_type(), kName, ": ", op, ": output dtype ",
@@ -723,8 +715,7 @@ class TpuBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override {
     const char* op = "all_to_all";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     begin(op, inputs, outputs);
     TORCH_CHECK(static_cast<int>(inputs.size()) == size_ && static_cast<int>(outputs.size()) == size_, kName, ": ",
                 op, " needs ", size_, " input and output tensors");
@@ -755,8 +746,7 @@ class TpuBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     const char* op = "barrier";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     check_open(op);
     {  // the device's queued work is part of what the barrier waits for
       std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -772,8 +762,7 @@ class TpuBackend final : public c10d::Backend {
   }
 
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     check_open("monitored_barrier");
     gloo_->monitoredBarrier(opts, wait_all_ranks);
   }
@@ -781,8 +770,7 @@ class TpuBackend final : public c10d::Backend {
   // ------------------------------------------------------------ point to point
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
     const char* op = "send";
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(tensors.size() == 1, kName, ": ", op, " takes one tensor");
     begin(op, tensors);
     check_peer(op, dst);
@@ -799,8 +787,7 @@ class TpuBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(tensors.size() == 1, kName, ": recv takes one tensor");
     begin("recv", tensors);
     check_peer("recv", src);
@@ -808,8 +795,7 @@ class TpuBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
-    NoGil nogil;
-    std::lock_guard<std::mutex> issuing(issue_mu_);  // one call at a time: agreement + issue
+    Issuing issuing(issue_mu_);
     TORCH_CHECK(tensors.size() == 1, kName, ": recv takes one tensor");
     begin("recv", tensors);
     return receive(tensors, -1, tag, OpType::RECVANYSOURCE);
