@@ -30,7 +30,6 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -1034,34 +1033,6 @@ class TpuBackend final : public c10d::Backend {
 // StableHLO collectives with replica groups, built into one program for N
 // replicas on devices 0..N-1 of this process (torch_tpu/spmd.py drives it).
 
-std::string replica_groups_attr(const std::vector<std::vector<int64_t>>& groups) {
-  TORCH_CHECK(!groups.empty() && !groups[0].empty(), "torch_tpu.spmd: empty replica groups");
-  std::ostringstream s;
-  s << "replica_groups = dense<[";
-  for (size_t i = 0; i < groups.size(); ++i) {
-    TORCH_CHECK(groups[i].size() == groups[0].size(), "torch_tpu.spmd: replica groups must have one size");
-    s << (i ? ", " : "") << "[";
-    for (size_t j = 0; j < groups[i].size(); ++j) s << (j ? ", " : "") << groups[i][j];
-    s << "]";
-  }
-  s << "]> : tensor<" << groups.size() << "x" << groups[0].size() << "xi64>";
-  return s.str();
-}
-
-// The combiner region of a reducing collective, and whether the result is divided by the group size (avg).
-std::pair<std::string, bool> combiner(const std::string& reduce_op, hlo::DType t) {
-  static const std::map<std::string, std::string> ops = {
-      {"sum", "add"}, {"avg", "add"}, {"product", "multiply"}, {"min", "minimum"}, {"max", "maximum"},
-      {"band", "and"}, {"bor", "or"}, {"bxor", "xor"}};
-  auto it = ops.find(reduce_op);
-  TORCH_CHECK(it != ops.end(), "torch_tpu.spmd: reduce op '", reduce_op, "' is not supported in a program");
-  std::string st = hlo::Type{t, {}}.str();
-  std::string region = "{\n    ^bb0(%tt_a: " + st + ", %tt_b: " + st + "):\n      %tt_r = \"stablehlo." + it->second +
-                       "\"(%tt_a, %tt_b) : (" + st + ", " + st + ") -> " + st + "\n      \"stablehlo.return\"(%tt_r) : (" +
-                       st + ") -> ()\n    }";
-  return {region, reduce_op == "avg"};
-}
-
 // Adds `out = f(in)` to the capture on in's device; out has `out_sizes`.
 at::Tensor emit_collective(const std::string& name, const at::Tensor& in, const std::vector<int64_t>& out_sizes,
                            const std::function<hlo::Value(hlo::Builder&, hlo::Value)>& f) {
@@ -1079,8 +1050,8 @@ at::Tensor emit_collective(const std::string& name, const at::Tensor& in, const 
       g->store(view_of(out), f(g->b, v));
       return lower::Reads{};
     });
-  } catch (const rt::Error& e) {
-    TORCH_CHECK(false, e.what());
+  } catch (const std::runtime_error& e) {  // rt::Error, hlo::BuildError
+    TORCH_CHECK(false, "torch_tpu.spmd: ", e.what());
   }
   return out;
 }
@@ -1092,12 +1063,9 @@ int64_t group_size_of(const std::vector<std::vector<int64_t>>& groups) {
 
 at::Tensor spmd_all_reduce(const at::Tensor& x, const std::string& reduce_op,
                            const std::vector<std::vector<int64_t>>& groups) {
-  auto attrs = replica_groups_attr(groups);
-  int64_t k = group_size_of(groups);
+  group_size_of(groups);
   return emit_collective("_c10d_functional::all_reduce", x, x.sizes().vec(), [&](hlo::Builder& b, hlo::Value v) {
-    auto [region, avg] = combiner(reduce_op, v.dtype());
-    hlo::Value r = b.emit_multi("stablehlo.all_reduce", {v}, {v.type}, attrs, region)[0];
-    return avg ? b.div(r, b.scalar_like(static_cast<double>(k), r)) : r;
+    return b.all_reduce(v, reduce_op, groups);
   });
 }
 
@@ -1107,9 +1075,8 @@ at::Tensor spmd_all_gather(const at::Tensor& x, int64_t group_size, const std::v
   TORCH_CHECK(x.dim() >= 1, "torch_tpu.spmd: all_gather_into_tensor needs a tensor with a dimension");
   auto out = x.sizes().vec();
   out[0] *= group_size;
-  auto attrs = "all_gather_dim = 0 : i64, " + replica_groups_attr(groups);
   return emit_collective("_c10d_functional::all_gather_into_tensor", x, out, [&](hlo::Builder& b, hlo::Value v) {
-    return b.emit_multi("stablehlo.all_gather", {v}, {hlo::Type{v.dtype(), out}}, attrs)[0];
+    return b.all_gather(v, 0, groups);
   });
 }
 
@@ -1121,11 +1088,8 @@ at::Tensor spmd_reduce_scatter(const at::Tensor& x, const std::string& reduce_op
               "dimension divisible by the group size ", group_size, ", got ", x.sizes());
   auto out = x.sizes().vec();
   out[0] /= group_size;
-  auto attrs = "scatter_dimension = 0 : i64, " + replica_groups_attr(groups);
   return emit_collective("_c10d_functional::reduce_scatter_tensor", x, out, [&](hlo::Builder& b, hlo::Value v) {
-    auto [region, avg] = combiner(reduce_op, v.dtype());
-    hlo::Value r = b.emit_multi("stablehlo.reduce_scatter", {v}, {hlo::Type{v.dtype(), out}}, attrs, region)[0];
-    return avg ? b.div(r, b.scalar_like(static_cast<double>(group_size), r)) : r;
+    return b.reduce_scatter(v, reduce_op, 0, groups);
   });
 }
 
@@ -1138,10 +1102,8 @@ at::Tensor spmd_all_to_all(const at::Tensor& x, const std::vector<int64_t>& out_
     for (int64_t v : *splits)
       TORCH_CHECK(v == x.size(0) / k, "torch_tpu.spmd: all_to_all_single inside a program needs equal splits "
                   "(stablehlo.all_to_all); uneven splits run through the tpu_dist backend outside programs");
-  auto attrs = "split_dimension = 0 : i64, concat_dimension = 0 : i64, split_count = " + std::to_string(k) +
-               " : i64, " + replica_groups_attr(groups);
   return emit_collective("_c10d_functional::all_to_all_single", x, x.sizes().vec(), [&](hlo::Builder& b, hlo::Value v) {
-    return b.emit_multi("stablehlo.all_to_all", {v}, {v.type}, attrs)[0];
+    return b.all_to_all(v, 0, 0, groups);
   });
 }
 

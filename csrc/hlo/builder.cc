@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <sstream>
 
 namespace tt::hlo {
@@ -537,6 +538,70 @@ std::string Builder::region(const std::string& body, DType t, int n) {
        std::to_string(b) + ") : (" + st + ", " + st + ") -> " + st + "\n";
   s += "      \"stablehlo.return\"(%v" + std::to_string(r) + ") : (" + st + ") -> ()\n    }";
   return s;
+}
+
+// ---- collectives
+std::string Builder::replica_groups(const Groups& groups) {
+  if (groups.empty() || groups[0].empty()) throw BuildError("collective: empty replica groups");
+  std::string s = "replica_groups = dense<[";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].size() != groups[0].size()) throw BuildError("collective: replica groups must have one size");
+    s += i ? ", [" : "[";
+    for (size_t j = 0; j < groups[i].size(); ++j) s += (j ? ", " : "") + std::to_string(groups[i][j]);
+    s += "]";
+  }
+  return s + "]> : tensor<" + std::to_string(groups.size()) + "x" + std::to_string(groups[0].size()) + "xi64>";
+}
+
+std::string Builder::combiner(const std::string& reduce) {
+  static const std::map<std::string, std::string> ops = {
+      {"sum", "add"}, {"avg", "add"}, {"product", "multiply"}, {"min", "minimum"}, {"max", "maximum"},
+      {"band", "and"}, {"bor", "or"}, {"bxor", "xor"}};
+  auto it = ops.find(reduce);
+  if (it == ops.end()) throw BuildError("collective: reduce op '" + reduce + "' is not supported in a program");
+  return it->second;
+}
+
+Value Builder::all_reduce(Value x, const std::string& reduce, const Groups& groups) {
+  std::string attrs = replica_groups(groups);
+  Value r = emit_multi("all_reduce", {x}, {x.type}, attrs, region(combiner(reduce), x.dtype(), 1))[0];
+  return reduce == "avg" ? div(r, scalar_like(static_cast<double>(groups[0].size()), r)) : r;
+}
+
+Value Builder::all_gather(Value x, int64_t dim, const Groups& groups) {
+  check_dims("all_gather", {dim}, x.rank());
+  std::string attrs = "all_gather_dim = " + std::to_string(dim) + " : i64, " + replica_groups(groups);
+  Shape s = x.shape();
+  s[dim] *= static_cast<int64_t>(groups[0].size());
+  return emit_multi("all_gather", {x}, {Type{x.dtype(), s}}, attrs)[0];
+}
+
+Value Builder::reduce_scatter(Value x, const std::string& reduce, int64_t dim, const Groups& groups) {
+  check_dims("reduce_scatter", {dim}, x.rank());
+  std::string attrs = "scatter_dimension = " + std::to_string(dim) + " : i64, " + replica_groups(groups);
+  auto k = static_cast<int64_t>(groups[0].size());
+  if (x.shape()[dim] % k != 0)
+    throw BuildError("reduce_scatter: dimension " + std::to_string(dim) + " of " + x.type.str() +
+                     " is not divisible by the group size " + std::to_string(k));
+  Shape s = x.shape();
+  s[dim] /= k;
+  Value r = emit_multi("reduce_scatter", {x}, {Type{x.dtype(), s}}, attrs, region(combiner(reduce), x.dtype(), 1))[0];
+  return reduce == "avg" ? div(r, scalar_like(static_cast<double>(k), r)) : r;
+}
+
+Value Builder::all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const Groups& groups) {
+  check_dims("all_to_all", {split_dim, concat_dim}, x.rank());
+  auto k = static_cast<int64_t>(groups[0].size());
+  if (x.shape()[split_dim] % k != 0)
+    throw BuildError("all_to_all: dimension " + std::to_string(split_dim) + " of " + x.type.str() +
+                     " is not divisible by the group size " + std::to_string(k));
+  Shape s = x.shape();
+  s[split_dim] /= k;
+  s[concat_dim] *= k;
+  std::string attrs = "split_dimension = " + std::to_string(split_dim) + " : i64, concat_dimension = " +
+                      std::to_string(concat_dim) + " : i64, split_count = " + std::to_string(k) + " : i64, " +
+                      replica_groups(groups);
+  return emit_multi("all_to_all", {x}, {Type{x.dtype(), s}}, attrs)[0];
 }
 
 Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, const std::string& body) {

@@ -134,6 +134,15 @@ class Builder {
                                 const std::vector<Type>& results, const std::string& attrs = "",
                                 const std::string& region = "");
 
+  // ---- collectives across the replicas of a replicated program (module(results, replicas)).
+  // `groups`: the replica ids of each group, every group of one size. Reductions: "sum", "avg"
+  // (the sum divided by the group size), "product", "min", "max", "band", "bor", "bxor".
+  using Groups = std::vector<std::vector<int64_t>>;
+  Value all_reduce(Value x, const std::string& reduce, const Groups& groups);
+  Value all_gather(Value x, int64_t dim, const Groups& groups);          // dim grows by the group size
+  Value reduce_scatter(Value x, const std::string& reduce, int64_t dim, const Groups& groups);  // dim shrinks
+  Value all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const Groups& groups);
+
   // ---- constants
   Value constant(double v, DType t, const Shape& shape = {});
   Value constant_int(int64_t v, DType t, const Shape& shape = {});
@@ -241,6 +250,8 @@ class Builder {
                                 const std::vector<Type>& results, const std::string& attrs = "",
                                 const std::string& region = "");
   std::string region(const std::string& body, DType t, int n) ;
+  static std::string replica_groups(const Groups& groups);
+  static std::string combiner(const std::string& reduce);  // the region body of a reduction
   Value fresh(const Type& t) { return Value{next_++, t}; }
   bool dry_ = false;
   int next_ = 0;

@@ -143,13 +143,9 @@ class TpuWorker(WorkerBase):
             raise ValueError(f"tpu: sleep level {level} (the worker takes 1 or 2)")
         torch.tpu.synchronize(self.device)
         before = torch.tpu.memory_reserved(self.device)
-        if level == 1:
+        if level == 1 and "weights" not in self._asleep:
             self._host_weights = {n: p.detach().to("cpu") for n, p in self.model_runner.model.named_parameters()}
-        for tag in ("weights", "kv_cache"):
-            self._asleep[tag] = self._storages(tag)
-            for st, _ in self._asleep[tag]:
-                st.resize_(0)
-        torch.tpu.synchronize(self.device)
+        self._shrink(("weights", "kv_cache"))
         after = torch.tpu.memory_reserved(self.device)
         logger.info("tpu sleep (level %d) freed %.3f GiB; %.3f GiB still in use", level,
                     (before - after) / 2**30, after / 2**30)
@@ -157,11 +153,15 @@ class TpuWorker(WorkerBase):
     def discard(self, tags) -> None:
         """Frees the memory of `tags` without keeping their contents (wake_up takes it again)."""
         torch.tpu.synchronize(self.device)
-        for tag in tags:
+        self._shrink(tags)
+
+    def _shrink(self, tags):
+        for tag in tags:  # a tag already given back keeps the sizes it had
             if tag in ("weights", "kv_cache") and tag not in self._asleep:
                 self._asleep[tag] = self._storages(tag)
                 for st, _ in self._asleep[tag]:
                     st.resize_(0)
+        torch.tpu.synchronize(self.device)
 
     def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format: bool = True) -> None:
         """`LLM.collective_rpc("reload_weights")`: the checkpoint (or `weights_iterator`) loaded
