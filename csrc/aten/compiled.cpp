@@ -11,6 +11,7 @@
 
 #include <chrono>
 
+#include "aten/layout.h"
 #include "aten/tpu.h"
 
 namespace py = pybind11;
@@ -20,75 +21,6 @@ namespace {
 
 using engine::Engine;
 using engine::Slot;
-
-// Where a tensor lies in its storage, and the storage's size and type (and, for a
-// dynamic storage, its capacity and dynamic sizes: a program reads it at its bucket).
-struct Layout {
-  std::vector<int64_t> sizes, strides;
-  int64_t offset = 0, nbytes = 0;
-  c10::ScalarType dtype = c10::kFloat;
-  hlo::DType storage_dtype = hlo::DType::F32;
-  int64_t capacity = 0;  // > 0: a dynamic storage
-  std::vector<std::pair<int64_t, int64_t>> dyn;
-  engine::Shape base_sizes, base_strides, base_bound;
-  bool padded = false;  // its buffer holds the base tensor at its bounds (engine.h, Storage::padded)
-  engine::Shape full;   // that shape
-
-  static Layout of(const at::Tensor& t) {
-    auto st = storage_of(t);
-    Layout l{t.sizes().vec(), t.strides().vec(), t.storage_offset(), st->nbytes, t.scalar_type(),
-             st->typed ? st->dtype : to_hlo(t.scalar_type())};
-    if (st->dynamic()) {
-      l.capacity = st->capacity;
-      l.dyn = st->dyn;
-      l.base_sizes = st->base_sizes;
-      l.base_strides = st->base_strides;
-      l.base_bound = st->base_bound;
-      l.padded = st->padded;
-      if (st->padded) l.full = st->full();
-    }
-    return l;
-  }
-  // the same place, whether or not the storage is dynamic
-  bool same_place(const at::Tensor& t, const engine::Storage& st) const {
-    return t.scalar_type() == dtype && t.storage_offset() == offset && st.nbytes == nbytes &&
-           (!st.typed || st.dtype == storage_dtype) && t.sizes().equals(sizes) && t.strides().equals(strides);
-  }
-  bool matches(const at::Tensor& t, const engine::Storage& st) const {
-    return same_place(t, st) && (capacity > 0 ? st.dynamic() && st.capacity == capacity && st.padded == padded &&
-                                                    (!padded || st.full() == full)
-                                              : !st.dynamic());
-  }
-  void make_dynamic(const engine::StoragePtr& st) const {  // st as the captured storage
-    if (capacity <= 0) return;
-    Engine& eng = Engine::get();
-    if (!base_sizes.empty() && !st->dynamic()) eng.make_dynamic(st, base_sizes, base_strides, base_bound);
-    eng.make_dynamic(st, capacity, dyn);
-  }
-};
-
-// A tensor on device `device` over a new storage of `nbytes` typed `st_dtype`.
-at::Tensor tensor_on_new_storage(const Layout& l, int device) {
-  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
-  c10::DataPtr dp = allocator()->allocate(static_cast<size_t>(l.nbytes));
-  auto st = *static_cast<engine::StoragePtr*>(dp.get_context());
-  st->dtype = l.storage_dtype;
-  st->typed = true;
-  l.make_dynamic(st);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(l.nbytes), std::move(dp), allocator(),
-                       /*resizable=*/true);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                          caffe2::TypeMeta::fromScalarType(l.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(l.sizes, l.strides, l.offset);
-  return t;
-}
-
-at::Tensor view_like(const at::Tensor& base, const Layout& l) {
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(),
-                                                          caffe2::TypeMeta::fromScalarType(l.dtype));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(l.sizes, l.strides, l.offset);
-  return t;
-}
 
 // An output of a compiled graph: a view of a program output's storage, of a
 // runtime input's storage, or a tensor the graph returns as it is (a constant).
@@ -189,6 +121,29 @@ engine::Graph& capture(int device) {
 }
 
 }  // namespace
+
+// A tensor on device `device` over a new storage of `nbytes` typed `st_dtype`.
+at::Tensor tensor_on_new_storage(const Layout& l, int device) {
+  c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(device)));
+  c10::DataPtr dp = allocator()->allocate(static_cast<size_t>(l.nbytes));
+  auto st = *static_cast<engine::StoragePtr*>(dp.get_context());
+  st->dtype = l.storage_dtype;
+  st->typed = true;
+  l.make_dynamic(st);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(l.nbytes), std::move(dp), allocator(),
+                       /*resizable=*/true);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                          caffe2::TypeMeta::fromScalarType(l.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(l.sizes, l.strides, l.offset);
+  return t;
+}
+
+at::Tensor view_like(const at::Tensor& base, const Layout& l) {
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(),
+                                                          caffe2::TypeMeta::fromScalarType(l.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(l.sizes, l.strides, l.offset);
+  return t;
+}
 
 void bind_compiled(py::module& m) {
   py::class_<engine::Graph::Mark>(m, "_CaptureMark");

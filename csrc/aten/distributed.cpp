@@ -36,6 +36,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "aten/layout.h"
 #include "aten/tpu.h"
 
 namespace py = pybind11;
@@ -1107,35 +1108,18 @@ at::Tensor spmd_all_to_all(const at::Tensor& x, const std::vector<int64_t>& out_
   });
 }
 
-// Where a tensor lies in its storage (outputs of a replicated program are made again per replica).
-struct SpmdLayout {
-  std::vector<int64_t> sizes, strides;
-  int64_t offset = 0, storage_numel = 0;
-  c10::ScalarType dtype = c10::kFloat;
-  static SpmdLayout of(const at::Tensor& t) {
-    return SpmdLayout{t.sizes().vec(), t.strides().vec(), t.storage_offset(),
-                      static_cast<int64_t>(t.storage().nbytes()) / static_cast<int64_t>(t.element_size()),
-                      t.scalar_type()};
-  }
-  bool matches(const at::Tensor& t) const {
-    return t.scalar_type() == dtype && t.sizes().equals(sizes) && t.strides().equals(strides) &&
-           t.storage_offset() == offset &&
-           static_cast<int64_t>(t.storage().nbytes()) == storage_numel * static_cast<int64_t>(t.element_size());
-  }
-};
-
 class ReplicatedProgram {
  public:
   engine::Program program;
   int replicas = 0;
-  std::vector<SpmdLayout> inputs;
+  std::vector<Layout> inputs;
   struct Out {
     bool is_input = false;
     int index = 0;  // input number, or output slot
-    SpmdLayout layout;
+    Layout layout;
   };
   std::vector<Out> outs;
-  std::vector<SpmdLayout> slots;  // per output slot: its storage's size and type
+  std::vector<Layout> slots;  // per output slot: its storage's size and type (static)
 
   std::string text() const { return program.text ? *program.text : ""; }
 
@@ -1154,7 +1138,7 @@ class ReplicatedProgram {
         const at::Tensor& t = args[r][k];
         TORCH_CHECK(t.defined() && t.device().type() == kTpu && t.device().index() == r, "torch_tpu.spmd: input ", k,
                     " of replica ", r, " must be on tpu:", r);
-        TORCH_CHECK(inputs[k].matches(t), "torch_tpu.spmd: input ", k, " of replica ", r,
+        TORCH_CHECK(inputs[k].same_place(t, *storage_of(t)), "torch_tpu.spmd: input ", k, " of replica ", r,
                     " has another shape, dtype or layout than at capture");
         // the program takes exact shapes: a tensor the size policy made dynamic (padded to its
         // bucket) is cut back to its size first, once
@@ -1162,8 +1146,7 @@ class ReplicatedProgram {
         in[r].push_back(storage_of(t));
       }
       for (const auto& sl : slots) {
-        c10::DeviceGuard guard(c10::Device(kTpu, static_cast<c10::DeviceIndex>(r)));
-        bases[r].push_back(at::empty({sl.storage_numel}, at::TensorOptions().dtype(sl.dtype).device(kTpu, r)));
+        bases[r].push_back(tensor_on_new_storage(sl, r));
         out[r].push_back(storage_of(bases[r].back()));
       }
     }
@@ -1175,8 +1158,7 @@ class ReplicatedProgram {
     std::vector<std::vector<at::Tensor>> result(replicas);
     for (int r = 0; r < replicas; ++r)
       for (const auto& o : outs)
-        result[r].push_back(o.is_input ? args[r][o.index]
-                                       : bases[r][o.index].as_strided(o.layout.sizes, o.layout.strides, o.layout.offset));
+        result[r].push_back(o.is_input ? args[r][o.index] : view_like(bases[r][o.index], o.layout));
     return result;
   }
 };
@@ -1243,12 +1225,12 @@ void bind_distributed(py::module& m) {
     rp->replicas = replicas;
     std::unordered_map<const engine::Storage*, int> input_of, slot_of;
     for (size_t k = 0; k < inputs.size(); ++k) {
-      rp->inputs.push_back(SpmdLayout::of(inputs[k]));
+      rp->inputs.push_back(Layout::of(inputs[k]));
       input_of[storage_of(inputs[k]).get()] = static_cast<int>(k);
     }
     for (const auto& t : outputs) {
       ReplicatedProgram::Out o;
-      o.layout = SpmdLayout::of(t);
+      o.layout = Layout::of(t);
       auto st = storage_of(t);
       auto in = input_of.find(st.get());
       if (in != input_of.end()) {
@@ -1260,8 +1242,9 @@ void bind_distributed(py::module& m) {
         auto [it, fresh] = slot_of.emplace(st.get(), static_cast<int>(rp->slots.size()));
         if (fresh) {
           g->bind_external(st, engine::Slot::Kind::Output, it->second);
-          SpmdLayout sl = o.layout;
-          sl.storage_numel = st->nbytes / static_cast<int64_t>(t.element_size());
+          Layout sl = o.layout;  // its storage's size and type, made static (programs take exact shapes)
+          sl.capacity = 0;
+          sl.padded = false;
           rp->slots.push_back(sl);
         }
         o.index = it->second;
