@@ -562,6 +562,16 @@ std::string Builder::combiner(const std::string& reduce) {
   return it->second;
 }
 
+// The group size, which dimension dim of x must be divisible by (its pieces go to the replicas).
+int64_t Builder::group_split(const char* op, Value x, int64_t dim, const Groups& groups) {
+  replica_groups(groups);  // checks the groups
+  auto k = static_cast<int64_t>(groups[0].size());
+  if (x.shape()[dim] % k != 0)
+    throw BuildError(std::string(op) + ": dimension " + std::to_string(dim) + " of " + x.type.str() +
+                     " is not divisible by the group size " + std::to_string(k));
+  return k;
+}
+
 Value Builder::all_reduce(Value x, const std::string& reduce, const Groups& groups) {
   std::string attrs = replica_groups(groups);
   Value r = emit_multi("all_reduce", {x}, {x.type}, attrs, region(combiner(reduce), x.dtype(), 1))[0];
@@ -579,10 +589,7 @@ Value Builder::all_gather(Value x, int64_t dim, const Groups& groups) {
 Value Builder::reduce_scatter(Value x, const std::string& reduce, int64_t dim, const Groups& groups) {
   check_dims("reduce_scatter", {dim}, x.rank());
   std::string attrs = "scatter_dimension = " + std::to_string(dim) + " : i64, " + replica_groups(groups);
-  auto k = static_cast<int64_t>(groups[0].size());
-  if (x.shape()[dim] % k != 0)
-    throw BuildError("reduce_scatter: dimension " + std::to_string(dim) + " of " + x.type.str() +
-                     " is not divisible by the group size " + std::to_string(k));
+  int64_t k = group_split("reduce_scatter", x, dim, groups);
   Shape s = x.shape();
   s[dim] /= k;
   Value r = emit_multi("reduce_scatter", {x}, {Type{x.dtype(), s}}, attrs, region(combiner(reduce), x.dtype(), 1))[0];
@@ -591,10 +598,7 @@ Value Builder::reduce_scatter(Value x, const std::string& reduce, int64_t dim, c
 
 Value Builder::all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const Groups& groups) {
   check_dims("all_to_all", {split_dim, concat_dim}, x.rank());
-  auto k = static_cast<int64_t>(groups[0].size());
-  if (x.shape()[split_dim] % k != 0)
-    throw BuildError("all_to_all: dimension " + std::to_string(split_dim) + " of " + x.type.str() +
-                     " is not divisible by the group size " + std::to_string(k));
+  int64_t k = group_split("all_to_all", x, split_dim, groups);
   Shape s = x.shape();
   s[split_dim] /= k;
   s[concat_dim] *= k;

@@ -252,6 +252,7 @@ class Builder {
   std::string region(const std::string& body, DType t, int n) ;
   static std::string replica_groups(const Groups& groups);
   static std::string combiner(const std::string& reduce);  // the region body of a reduction
+  static int64_t group_split(const char* op, Value x, int64_t dim, const Groups& groups);
   Value fresh(const Type& t) { return Value{next_++, t}; }
   bool dry_ = false;
   int next_ = 0;
