@@ -448,6 +448,7 @@ namespace tt::aten {
 void bind_compiled(py::module& m);  // compiled.cpp
 void bind_kernels(py::module& m);   // custom_kernels.cpp
 void bind_distributed(py::module& m);  // distributed.cpp: the c10d backend
+void bind_spmd(py::module& m);         // spmd.cpp: in-program collectives
 }
 
 PYBIND11_MODULE(_C, m) {
@@ -455,6 +456,7 @@ PYBIND11_MODULE(_C, m) {
   aten::bind_compiled(m);
   aten::bind_kernels(m);
   aten::bind_distributed(m);
+  aten::bind_spmd(m);
   // Loads the PJRT plugin, creates the client and registers the device hooks
   // and every lowered op. Returns the number of devices.
   m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {

@@ -23,6 +23,8 @@ engine::StoragePtr storage_of(const at::TensorBase& t);
 engine::View view_of(const at::TensorBase& t);
 
 c10::Allocator* allocator();
+// The device of the replicated capture in progress (torch_tpu.spmd), or -1 (spmd.cpp).
+int spmd_capture_device();
 int current_device();
 void set_current_device(int d);
 int device_count();  // 0 until the runtime is initialised
