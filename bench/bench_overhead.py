@@ -4,6 +4,7 @@
   python bench/bench_overhead.py --only latency  # (a) per-op and host-read latency
   python bench/bench_overhead.py --only decode   # (b) HF tiny Llama greedy decode, per token
   python bench/bench_overhead.py --only stages   # (c) a Strict op's time per stage of the kernel
+  python bench/bench_overhead.py --only slices   # (d) an in-place op on a slice vs the whole tensor
 
 (a) a cached 1k-element add in Strict mode; host reads of 16 floats (`.cpu()`, `(x + 1).cpu()`,
     `x[0].item()`, `.tolist()`); `torch.compile(lambda x: x + 1)` calls, with and without
@@ -15,6 +16,10 @@
 (c) the cached 1k-element add in Strict mode under TORCH_TPU_STAGE_TIMES=1 (a fresh process):
     microseconds per op in each stage of the generic kernel (csrc/aten/kernels.cpp, LoweredOp),
     and the rest of the op's time (the dispatcher, Python, the clock itself).
+(d) `c[1].add_(1)` (a slice updated in place) against `c.add_(1)` (the whole 256 MB float32
+    tensor) for c of shapes (32, 2M), (8, 8M), (2, 32M) and a 5-D KV cache (8, 2048, 2, 8, 256),
+    Strict, milliseconds per op (mean of 20 after a warm-up); each shape in a fresh process with
+    TORCH_TPU_DYNAMIC=0 (one slice size per line of Python: the size policy would bucket it).
 """
 import argparse
 import json
@@ -149,9 +154,39 @@ def stages():
     print(f"| **per op, wall** | **{r['wall'] / 1e3:.2f}** |\n")
 
 
+SLICES = textwrap.dedent("""
+    import sys, time, torch, torch_tpu
+    shape = tuple(int(v) for v in sys.argv[1].split(","))
+    c = torch.zeros(*shape, device="tpu")
+    out = []
+    for f in (lambda: c[1].add_(1), lambda: c.add_(1)):
+        f(); torch.tpu.synchronize()
+        t = time.perf_counter()
+        for _ in range(20): f()
+        torch.tpu.synchronize()
+        out.append((time.perf_counter() - t) / 20 * 1e3)
+    print(*out)
+""")
+
+
+def slices():
+    print("## (d) in-place add on a slice vs the whole tensor (256 MB float32), Strict, ms per op\n")
+    print("| shape | slice `c[1]` MB | `c[1].add_(1)` ms | `c.add_(1)` ms |\n|---|---|---|---|")
+    env = dict(os.environ, TORCH_TPU_DYNAMIC="0")
+    for shape in [(32, 2 ** 21), (8, 2 ** 23), (2, 2 ** 25), (8, 2048, 2, 8, 256)]:
+        arg = ",".join(map(str, shape))
+        out = subprocess.run([sys.executable, "-c", SLICES, arg], capture_output=True, text=True, env=env)
+        if out.returncode != 0:
+            raise SystemExit(out.stderr[-4000:])
+        part, whole = map(float, out.stdout.split())
+        mb = 4 * (2 ** 26 // shape[0]) / 2 ** 20
+        print(f"| {shape} | {mb:.0f} | {part:.2f} | {whole:.2f} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["latency", "decode", "stages"])
+    ap.add_argument("--only", choices=["latency", "decode", "stages", "slices"])
     args = ap.parse_args()
     if args.only in (None, "latency"):
         latency()
@@ -159,6 +194,8 @@ def main():
         decode()
     if args.only in (None, "stages"):
         stages()
+    if args.only in (None, "slices"):
+        slices()
 
 
 if __name__ == "__main__":
