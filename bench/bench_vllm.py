@@ -7,9 +7,11 @@ The model: a random LlamaForCausalLM (hidden 512, 4 layers, 8 heads / 4 KV heads
 float32), written locally. The load: `--requests` prompts (default 64) of random lengths 16..256
 (seeded), 64 output tokens each (ignore_eos), greedy.
 
-(a) vLLM offline `LLM.generate` on tpu (enforce_eager: the runner's eager steps), all requests at
-    once: output tokens/s, mean TTFT and TPOT from vLLM's request metrics; the engine's start-up
-    seconds with a cold compile cache (a fresh TORCH_TPU_CACHE_DIR) and then warm (same dir).
+(a) vLLM offline `LLM.generate` on tpu, all requests at once, compiled (the default
+    `enforce_eager=False`: every step program compiled at start-up) and `enforce_eager=True` (step
+    programs compiled when first met): output tokens/s, mean TTFT and TPOT from vLLM's request
+    metrics, compiles during generate; the engine's start-up seconds with a cold compile cache (a
+    fresh TORCH_TPU_CACHE_DIR per mode) and then warm (same dir).
 (b) transformers `generate` on tpu, one request at a time (what a user does without a server),
     on the first `--hf-requests` prompts (default 8): output tokens/s.
 (c) transformers `generate` on PyTorch CPU, batched with left padding, batch sizes 8/16/32/64:
@@ -47,19 +49,20 @@ def make_model(path):
     return path
 
 
-def part_vllm(args):
+def part_vllm(args, eager=False):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch_tpu
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype="float32", enforce_eager=True, max_model_len=512,
+    llm = LLM(model=args.model, dtype="float32", enforce_eager=eager, max_model_len=512,
               kv_cache_memory_bytes=1 << 30, seed=0, disable_log_stats=False)
     startup = time.perf_counter() - t0
     ps = [TokensPrompt(prompt_token_ids=p) for p in prompts(args.requests)]
     sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     c0 = torch_tpu.metrics.report()["compiles"]
+    startup_compiles = c0
     t0 = time.perf_counter()
     outs = llm.generate(ps, sp, use_tqdm=False)
     dt = time.perf_counter() - t0
@@ -71,7 +74,7 @@ def part_vllm(args):
             ttft.append(m.first_token_latency)
             if getattr(m, "last_token_ts", None) and getattr(m, "first_token_ts", None):
                 tpot.append((m.last_token_ts - m.first_token_ts) / max(len(o.outputs[0].token_ids) - 1, 1))
-    return dict(startup_s=startup, seconds=dt, tokens=ntok, tok_per_s=ntok / dt,
+    return dict(startup_s=startup, startup_compiles=startup_compiles, seconds=dt, tokens=ntok, tok_per_s=ntok / dt,
                 compiles=torch_tpu.metrics.report()["compiles"] - c0,
                 ttft_s=sum(ttft) / len(ttft) if ttft else None,
                 tpot_s=sum(tpot) / len(tpot) if tpot else None)
@@ -123,7 +126,7 @@ def part_hf_cpu(args):
     return dict(tok_per_s=best[bs], best_batch=bs, by_batch=best)
 
 
-PARTS = {"vllm": part_vllm, "hf_tpu": part_hf_tpu, "hf_cpu": part_hf_cpu}
+PARTS = {"vllm": part_vllm, "vllm_eager": lambda args: part_vllm(args, eager=True), "hf_tpu": part_hf_tpu, "hf_cpu": part_hf_cpu}
 
 
 def main():
@@ -139,10 +142,10 @@ def main():
         return
     make_model(args.model)
     results = {}
-    cache = tempfile.mkdtemp(prefix="tt_vllm_cache_")
-    env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TORCH_TPU_CACHE_DIR=cache)
     for name in args.only:
-        runs = ["cold", "warm"] if name == "vllm" else [""]
+        runs = ["cold", "warm"] if name.startswith("vllm") else [""]
+        cache = tempfile.mkdtemp(prefix="tt_vllm_cache_")  # one per part: each mode starts cold
+        env = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TORCH_TPU_CACHE_DIR=cache)
         for run in runs:
             p = subprocess.run([sys.executable, __file__, "--part", name, "--model", args.model,
                                 "--requests", str(args.requests), "--hf-requests", str(args.hf_requests)],
@@ -154,12 +157,15 @@ def main():
             key = f"{name}_{run}" if run else name
             results[key] = json.loads(line[-1][7:])
             print(key, results[key], flush=True)
-    if "vllm_warm" in results:
-        v = results["vllm_warm"]["tok_per_s"]
+    for key, mode in (("vllm_warm", "compiled"), ("vllm_eager_warm", "enforce_eager")):
+        if key not in results:
+            continue
+        v = results[key]["tok_per_s"]
         if "hf_tpu" in results:
-            print(f"vLLM (tpu, eager) / transformers one at a time (tpu): {v / results['hf_tpu']['tok_per_s']:.2f}x")
+            print(f"vLLM (tpu, {mode}) / transformers one at a time (tpu): {v / results['hf_tpu']['tok_per_s']:.2f}x")
         if "hf_cpu" in results:
-            print(f"vLLM (tpu, eager) / transformers batched (PyTorch CPU, best batch): {v / results['hf_cpu']['tok_per_s']:.2f}x")
+            print(f"vLLM (tpu, {mode}) / transformers batched (PyTorch CPU, best batch): "
+                  f"{v / results['hf_cpu']['tok_per_s']:.2f}x")
 
 
 if __name__ == "__main__":

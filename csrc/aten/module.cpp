@@ -491,6 +491,13 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     py_guard([] { engine::Engine::get().synchronize(); return 0; });
   });
+  // Runs what DeferAndFuse recorded so far as its programs, without waiting for them: the ops
+  // recorded next start a new program.
+  m.def("_flush", [] {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py_guard([] { engine::Engine::get().flush_all(); return 0; });
+  });
   m.def("_set_mode", [](int mode) {
     py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());

@@ -4,7 +4,7 @@ engine's compile counters can be read) and prints one JSON line: outputs and cou
     python llm_run.py '{"model": DIR, "engine": {...}, "prompts": [[ids], ...],
                         "sampling": [{...}, ...], "rounds": 1}'
 
-`rounds` > 1 generates the same requests again (a warm engine); counters are per round.
+`startup_compiles` counts the compiles of the engine's construction. `rounds` > 1 generates the same requests again (a warm engine); counters are per round.
 `"sleep": LEVEL` puts the engine to sleep after each round and wakes it before the next (the
 engine is then built with enable_sleep_mode); each round reports the bytes allocated on the device
 awake and asleep."""
@@ -31,7 +31,9 @@ def main():
     sleep = spec.get("sleep")
     if sleep:
         engine["enable_sleep_mode"] = True
+    start = torch_tpu.metrics.report()["compiles"]
     llm = LLM(model=spec["model"], **engine)
+    startup_compiles = torch_tpu.metrics.report()["compiles"] - start
     prompts = [TokensPrompt(prompt_token_ids=p) for p in spec["prompts"]]
     params = [SamplingParams(**s) for s in spec["sampling"]]
     if len(params) == 1:
@@ -55,7 +57,7 @@ def main():
                          if o.outputs[0].logprobs else None for o in outs],
             "compiles": torch_tpu.metrics.report()["compiles"] - before,
         })
-    print("RESULT " + json.dumps({"rounds": rounds, "device": llm.llm_engine.vllm_config.device_config.device_type}))
+    print("RESULT " + json.dumps({"rounds": rounds, "startup_compiles": startup_compiles, "device": llm.llm_engine.vllm_config.device_config.device_type}))
 
 
 if __name__ == "__main__":

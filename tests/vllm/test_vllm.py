@@ -22,10 +22,10 @@ ENV = dict(os.environ, VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", TRANSFORMERS
            TOKENIZERS_PARALLELISM="false")
 
 
-def run_llm(model, prompts, sampling, engine=None, rounds=1, timeout=900, sleep=None):
+def run_llm(model, prompts, sampling, engine=None, rounds=1, timeout=900, sleep=None, env=None):
     spec = dict(model=model, prompts=prompts, sampling=sampling, engine=engine or {}, rounds=rounds, sleep=sleep)
     p = subprocess.run([sys.executable, os.path.join(HERE, "llm_run.py"), json.dumps(spec)],
-                       env=ENV, capture_output=True, text=True, timeout=timeout)
+                       env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     assert p.returncode == 0 and lines, f"llm_run failed (rc {p.returncode}):\n{p.stderr[-6000:]}"
     return json.loads(lines[-1][len("RESULT "):])
@@ -131,6 +131,29 @@ def test_batch_chunked_prefill_prefix_and_preemption(models):
     check_equal(model, prompts, res["rounds"][0]["tokens"], want)
 
 
+def test_compiled_mode_compiles_every_step_shape_at_start_up(models, tmp_path):
+    """enforce_eager=False: the program of every step shape is compiled while the engine starts;
+    then a mixed load (prompts from 1 to 100 tokens, chunked prefill, decode batches shrinking as
+    requests of different lengths finish) compiles nothing and gives transformers' tokens. A second
+    engine on the same disk cache compiles nothing at all."""
+    model = models("llama")
+    prompts = prompts_of([1, 5, 16, 17, 33, 70, 3, 100], seed=4)
+    lengths = [3, 12, 7, 20, 1, 9, 15, 5]
+    want = [w[:n] for w, n in zip(hf_greedy(model, prompts, max(lengths)), lengths)]
+    sampling = [dict(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    engine = dict(enforce_eager=False, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128,
+                  enable_chunked_prefill=True)
+    env = dict(TORCH_TPU_CACHE_DIR=str(tmp_path / "cache"))
+    cold = run_llm(model, prompts, sampling, engine, rounds=2, env=env)
+    assert cold["startup_compiles"] > 0
+    assert [r["compiles"] for r in cold["rounds"]] == [0, 0]
+    check_equal(model, prompts, cold["rounds"][0]["tokens"], want)
+    assert cold["rounds"][1]["tokens"] == cold["rounds"][0]["tokens"]
+    warm = run_llm(model, prompts[:3], sampling[:3], engine, env=env)
+    assert warm["startup_compiles"] == 0 and warm["rounds"][0]["compiles"] == 0
+    assert warm["rounds"][0]["tokens"] == cold["rounds"][0]["tokens"][:3]
+
+
 def test_seeded_sampling_is_reproducible(models):
     model = models("llama")
     prompts = prompts_of([4, 9, 21], seed=3)
@@ -177,7 +200,7 @@ def server(models, tmp_path_factory):
     log = open(tmp_path_factory.mktemp("serve") / "serve.log", "w+")
     exe = os.path.join(os.path.dirname(sys.executable), "vllm")
     proc = subprocess.Popen(
-        [exe, "serve", model, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+        [exe, "serve", model, "--host", "127.0.0.1", "--port", str(port),  # compiled: every step shape at start-up
          "--dtype", "float32", "--max-model-len", "128", "--served-model-name", "tiny",
          "--kv-cache-memory-bytes", str(32 << 20), "--max-num-seqs", "4"],
         env=ENV, stdout=log, stderr=subprocess.STDOUT)
@@ -194,7 +217,7 @@ def server(models, tmp_path_factory):
                 pass
             assert time.time() < deadline, "vllm serve did not come up in 400 s"
             time.sleep(1)
-        yield model, port
+        yield model, port, log
     finally:
         proc.terminate()
         try:
@@ -238,7 +261,7 @@ def _metric(port, name, label=""):
 def test_serve_completions_chat_stream_and_errors(server):
     from transformers import AutoTokenizer
 
-    model, port = server
+    model, port, _ = server
     tok = AutoTokenizer.from_pretrained(model)
     prompts = prompts_of([6, 19], seed=5)
     want = hf_greedy(model, prompts, 8)
@@ -272,7 +295,7 @@ def test_serve_completions_chat_stream_and_errors(server):
 def test_serve_client_disconnect_frees_the_request(server):
     import time
 
-    _, port = server
+    _, port, _ = server
     long = dict(model="tiny", prompt=prompts_of([10], seed=6)[0], max_tokens=100, temperature=0,
                 ignore_eos=True, return_token_ids=True)
     generated = _metric(port, "vllm:generation_tokens_total")
@@ -289,12 +312,12 @@ def test_serve_client_disconnect_frees_the_request(server):
 
 def test_serve_concurrent_streams_some_disconnecting(server):
     """A small load run: 10 concurrent streaming clients, 3 of which hang up after two chunks.
-    Every other request completes with transformers' greedy tokens, the server stays healthy, and
-    no request or KV block is left behind."""
+    Every other request completes with transformers' greedy tokens, the server stays healthy, no
+    request or KV block is left behind, and no step compiled."""
     import threading
     import time
 
-    model, port = server
+    model, port, log = server
     prompts = prompts_of([5, 9, 14, 20, 27, 33, 41, 8, 12, 17], seed=7)
     want = hf_greedy(model, prompts, 10)
     results, errors = {}, []
@@ -322,3 +345,8 @@ def test_serve_concurrent_streams_some_disconnecting(server):
         time.sleep(0.5)
     assert _metric(port, "vllm:kv_cache_usage_perc") == 0.0
     assert _http(port, "GET", "/health")[0] == 200
+    # the step programs were compiled at start-up, and no step of this load compiled one
+    with open(log.name) as f:  # a reader of its own: the server's writes share `log`'s offset
+        text = f.read()
+    assert "step programs in" in text
+    assert "compiled while serving" not in text

@@ -11,6 +11,7 @@ kernels.
 """
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
 
 from .attention import TpuAttentionBackend, TpuAttentionGroup, TpuAttentionMetadata
 
-logger = init_logger(__name__)
+logger = init_logger("vllm." + __name__)  # under vLLM's logger: its handler and level
 
 HOST = torch.device("cpu")
 
@@ -37,6 +38,18 @@ def bucket(n: int, lo: int) -> int:
     while b < n:
         b *= 2
     return b
+
+
+@dataclass
+class _Program:
+    """The inputs of one step program: `num_tokens` token rows (padded), the attention layout,
+    and `last`, the row of each request's last token (its logits are the program's result)."""
+
+    ids: torch.Tensor
+    pos: torch.Tensor
+    md: TpuAttentionMetadata
+    last: torch.Tensor
+    num_tokens: int
 
 
 class TpuModelRunner:
@@ -68,6 +81,7 @@ class TpuModelRunner:
         self.kv_caches = []  # one per attention layer (initialize_kv_cache)
         # execute_model leaves the step's logits here for sample_tokens
         self._pending = None
+        self.precompiled = False  # every step shape compiled at start-up (precompile)
 
     # ---- model and KV cache
     def load_model(self) -> None:
@@ -169,79 +183,101 @@ class TpuModelRunner:
     def _upload(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device)
 
-    def _prepare(self, so):
-        batch = self.input_batch
-        req_ids = batch.req_ids
-        nreq = len(req_ids)
-        n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], dtype=np.int64)
-        n_done = batch.num_computed_tokens_cpu[:nreq].astype(np.int64)
-        total = int(n_sched.sum())
-        starts = np.cumsum(n_sched) - n_sched
-        tok_req = np.repeat(np.arange(nreq), n_sched)
-        pos = n_done[tok_req] + np.arange(total) - starts[tok_req]
-        ids = batch.token_ids_cpu[tok_req, pos]
-
+    def _program(self, reqs, rpad: int, qpad: int, nblk: int) -> _Program:
+        """The inputs of one program: `reqs` [(token ids, positions, block table)], at most `rpad`
+        of them with at most `qpad` tokens each and at most `nblk` blocks of keys. Request k's
+        tokens are rows k * qpad ... of the program (padding rows: token 0 at position 0, written
+        to slot 0 of vLLM's null block, which no request owns). The shape depends on
+        (rpad, qpad, nblk) only."""
         bs = self.block_size
-        tables = [np.asarray(self.requests[r].block_ids[0], dtype=np.int64) for r in req_ids]
-        slots = np.empty(total, dtype=np.int64)
-        for r in range(nreq):
-            p = pos[starts[r]:starts[r] + n_sched[r]]
-            slots[starts[r]:starts[r] + n_sched[r]] = tables[r][p // bs] * bs + p % bs
-        seq_len = n_done + n_sched
+        t = rpad * qpad
+        ids = np.zeros(t, dtype=np.int64)
+        pos = np.zeros(t, dtype=np.int64)
+        slots = np.zeros(t, dtype=np.int64)
+        last = np.zeros(rpad, dtype=np.int64)
+        key_slots = np.zeros((rpad, nblk * bs), dtype=np.int64)
+        mask = np.zeros((rpad, qpad, nblk * bs), dtype=bool)
+        mask[:, :, 0] = True  # padding rows see one key: no all-masked softmax
+        keys = np.arange(nblk * bs)
+        for k, (tok, p, table) in enumerate(reqs):
+            q, row = len(tok), k * qpad
+            ids[row:row + q], pos[row:row + q] = tok, p
+            slots[row:row + q] = table[p // bs] * bs + p % bs
+            last[k] = row + q - 1
+            blocks = table[:nblk]
+            key_slots[k, :len(blocks) * bs] = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
+            mask[k, :q] = keys[None, :] <= p[:, None]
+        up = self._upload
+        rows = up(np.arange(t, dtype=np.int64))
+        group = TpuAttentionGroup(rows.view(rpad, qpad), up(key_slots), up(mask), up(pos).view(rpad, qpad))
+        md = TpuAttentionMetadata(slot_mapping=up(slots), groups=[group], output_index=rows)
+        return _Program(up(ids), up(pos), md, up(last), t)
 
-        tpad = bucket(total, 16)
-        ids_p = np.zeros(tpad, dtype=np.int64)
-        pos_p = np.zeros(tpad, dtype=np.int64)
-        slots_p = np.zeros(tpad, dtype=np.int64)  # padding writes to slot 0 of the null block
-        ids_p[:total], pos_p[:total], slots_p[:total] = ids, pos, slots
+    def _shape(self, qs, seq_lens, decode: bool):
+        """(rpad, qpad, nblk) of a program for requests of `qs` tokens ending at `seq_lens`."""
+        nblk = bucket(-(-max(seq_lens) // self.block_size), 1)
+        if decode:
+            return bucket(len(qs), 8), 1, nblk
+        return 1, bucket(max(qs), 16), nblk
 
-        # attention groups: decodes (one query) first, then everything else
-        out_index = np.zeros(tpad, dtype=np.int64)
-        groups, row0 = [], 0
-        for members in (np.nonzero(n_sched == 1)[0], np.nonzero(n_sched > 1)[0]):
-            if len(members) == 0:
-                continue
-            rpad = bucket(len(members), 8 if n_sched[members[0]] == 1 else 1)
-            qpad = bucket(int(n_sched[members].max()), 1)
-            nblk = bucket(-(-int(seq_len[members].max()) // bs), 1)
-            tok_index = np.zeros((rpad, qpad), dtype=np.int64)
-            qpos = np.zeros((rpad, qpad), dtype=np.int64)
-            key_slots = np.zeros((rpad, nblk * bs), dtype=np.int64)
-            mask = np.zeros((rpad, qpad, nblk * bs), dtype=bool)
-            mask[:, :, 0] = True  # padding rows see one key: no all-masked softmax
-            keys = np.arange(nblk * bs)
-            for k, r in enumerate(members):
-                q = int(n_sched[r])
-                tok_index[k, :q] = starts[r] + np.arange(q)
-                qpos[k, :q] = pos[starts[r]:starts[r] + q]
-                blocks = tables[r][:nblk]
-                key_slots[k, :len(blocks) * bs] = (blocks[:, None] * bs + np.arange(bs)).reshape(-1)
-                mask[k, :q] = keys[None, :] <= qpos[k, :q, None]
-                out_index[starts[r]:starts[r] + q] = row0 + k * qpad + np.arange(q)
-            row0 += rpad * qpad
-            up = self._upload
-            groups.append(TpuAttentionGroup(up(tok_index), up(key_slots), up(mask), up(qpos)))
-
-        last = starts + n_sched - 1
-        md = TpuAttentionMetadata(slot_mapping=self._upload(slots_p), groups=groups,
-                                  output_index=self._upload(out_index))
-        # a request whose prompt is not all computed after this step (a chunked prefill) samples nothing
-        partial = [seq_len[k] < self.requests[r].num_tokens for k, r in enumerate(req_ids)]
-        return self._upload(ids_p), self._upload(pos_p), md, self._upload(last), partial, tpad
+    def _prepare(self, so) -> list[tuple[_Program, list[int]]]:
+        """A step as programs, each with the batch rows whose logits it gives: one for the
+        requests with one token scheduled (decodes), one per request with more (prompts and
+        chunks of them). Every program's shape is among those `precompile` enumerates."""
+        batch = self.input_batch
+        tables, work = [], []
+        for k, r in enumerate(batch.req_ids):
+            q = so.num_scheduled_tokens[r]
+            done = int(batch.num_computed_tokens_cpu[k])
+            p = np.arange(done, done + q, dtype=np.int64)
+            tok = batch.token_ids_cpu[k, done:done + q]
+            table = np.asarray(self.requests[r].block_ids[0], dtype=np.int64)
+            work.append((k, (tok, p, table)))
+        programs = []
+        decodes = [(k, w) for k, w in work if len(w[0]) == 1]
+        if decodes:
+            shape = self._shape([1] * len(decodes), [int(w[1][-1]) + 1 for _, w in decodes], True)
+            programs.append((self._program([w for _, w in decodes], *shape), [k for k, _ in decodes]))
+        for k, w in work:
+            if len(w[0]) > 1:
+                shape = self._shape([len(w[0])], [int(w[1][-1]) + 1], False)
+                programs.append((self._program([w], *shape), [k]))
+        return programs
 
     # ---- the step
+    def _run(self, prog: _Program) -> torch.Tensor:
+        """One program (DeferAndFuse): the model on its tokens, the logits of each request's last
+        token; queued to run, not waited for."""
+        with torch_tpu.eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE), \
+                set_forward_context(prog.md, self.vllm_config, num_tokens=prog.num_tokens, slot_mapping={}):
+            hidden = self.model(input_ids=prog.ids, positions=prog.pos)
+            logits = self.model.compute_logits(hidden.index_select(0, prog.last)).float()
+        torch_tpu._C._flush()
+        return logits
+
     @torch.inference_mode()
     def execute_model(self, so, intermediate_tensors=None):
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        ids, pos, md, last, partial, tpad = self._prepare(so)
-        # one fused program per step shape (DeferAndFuse), run at the logits' read-back
-        with torch_tpu.eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE), \
-                set_forward_context(md, self.vllm_config, num_tokens=tpad, slot_mapping={}):
-            hidden = self.model(input_ids=ids, positions=pos)
-            logits = self.model.compute_logits(hidden.index_select(0, last))
-        self._pending = (so, logits.to(HOST, torch.float32), partial)
+        batch = self.input_batch
+        compiles = self._compiles()
+        programs = self._prepare(so)
+        outs = [self._run(prog) for prog, _ in programs]
+        logits = None
+        for out, (_, rows) in zip(outs, programs):
+            out = out.to(HOST)  # whole, then sliced on the host: a slice on tpu would be a program
+            if logits is None:
+                logits = torch.empty(batch.num_reqs, out.shape[1], dtype=torch.float32)
+            logits[rows] = out[:len(rows)]
+        if self.precompiled and self._compiles() != compiles:
+            logger.warning("tpu: a step compiled while serving, for a shape that the start-up "
+                           "compilation did not cover: programs of (requests, tokens, keys) %s",
+                           [tuple(p.md.groups[0].mask.shape) for p, _ in programs])
+        # a request whose prompt is not all computed after this step (a chunked prefill) samples nothing
+        partial = [int(batch.num_computed_tokens_cpu[k]) + so.num_scheduled_tokens[r] < self.requests[r].num_tokens
+                   for k, r in enumerate(batch.req_ids)]
+        self._pending = (so, logits, partial)
         return None
 
     @torch.inference_mode()
@@ -281,6 +317,56 @@ class TpuModelRunner:
             logprobs=logprobs,
             prompt_logprobs_dict={},
         )
+
+    # ---- start-up compilation
+    @staticmethod
+    def _compiles() -> int:
+        return torch_tpu._C.metrics()["compiles"]
+
+    def step_shapes(self) -> list[tuple[int, int, int]]:
+        """Every (requests, tokens per request, key blocks) a step program can have under this
+        engine's limits (`_shape` of any step the scheduler can make): decodes of 8, 16, ...
+        requests up to `max_num_seqs`, and one request of 16, 32, ... tokens up to
+        `max_num_batched_tokens`, each with every power of two of key blocks that a sequence of
+        at most `max_model_len` tokens can need."""
+        bs, limit = self.block_size, self.max_model_len
+        blocks, n = [], 1  # (nblk, the longest sequence it holds)
+        while n == 1 or (n // 2) * bs < limit:
+            blocks.append((n, min(n * bs, limit)))
+            n *= 2
+        shapes, r = [], 8
+        while True:
+            shapes += [(r, 1, n) for n, _ in blocks]
+            if r >= self.max_num_reqs:
+                break
+            r *= 2
+        q, longest = 16, min(self.max_num_tokens, limit)
+        while q == 16 or q // 2 < longest:
+            shortest = 2 if q == 16 else q // 2 + 1  # the fewest tokens padded to q
+            shapes += [(1, q, n) for n, hi in blocks if shortest <= hi]
+            q *= 2
+        return shapes
+
+    @torch.inference_mode()
+    def precompile(self) -> None:
+        """Compiles (or loads from the disk cache) the program of every step shape before serving
+        starts, so that serving compiles nothing; each runs once on padding (its KV writes go to
+        vLLM's null block)."""
+        shapes = self.step_shapes()
+        t0 = last_log = time.perf_counter()
+        c0 = self._compiles()
+        outs = []
+        for i, (r, q, n) in enumerate(shapes):
+            outs.append(self._run(self._program([], r, q, n)))
+            now = time.perf_counter()
+            if now - last_log > 5 or i + 1 == len(shapes):
+                logger.info("tpu: step programs %d/%d ready (%.1f s)", i + 1, len(shapes), now - t0)
+                last_log = now
+        torch.tpu.synchronize()
+        del outs
+        self.precompiled = True
+        logger.info("tpu: %d step programs in %.1f s (%d compiled, the rest from the disk cache)",
+                    len(shapes), time.perf_counter() - t0, self._compiles() - c0)
 
     # ---- warm-up
     @torch.inference_mode()

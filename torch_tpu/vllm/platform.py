@@ -12,7 +12,7 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-logger = init_logger(__name__)
+logger = init_logger("vllm." + __name__)  # under vLLM's logger: its handler and level
 
 # On a plugin that reports no memory limit (the XLA CPU plugin: device memory is host memory),
 # the KV cache gets at most this much unless `kv_cache_memory_bytes` says otherwise; vLLM's own

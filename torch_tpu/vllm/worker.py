@@ -16,7 +16,7 @@ from . import ops  # noqa: F401  (registers the layers vLLM leaves to the platfo
 from .model_runner import TpuModelRunner
 from .platform import DEFAULT_HOST_KV_CACHE_BYTES
 
-logger = init_logger(__name__)
+logger = init_logger("vllm." + __name__)  # under vLLM's logger: its handler and level
 
 _TPU_PRECISION = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}
 
@@ -90,6 +90,9 @@ class TpuWorker(WorkerBase):
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
         t0 = time.perf_counter()
+        if not self.model_config.enforce_eager:
+            with self._padded_steps():
+                self.model_runner.precompile()
         set_random_seed(self.model_config.seed)
         return CompilationTimes(language_model=time.perf_counter() - t0, encoder=0.0)
 
