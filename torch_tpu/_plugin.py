@@ -40,8 +40,25 @@ def _gpu_visible():
     return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
+def attached_socket():
+    """The device owner's socket this process attaches to (TORCH_TPU_OWNER: a path, or 1 for the
+    default one), or None."""
+    owner = os.environ.get("TORCH_TPU_OWNER", "")
+    if owner in ("", "0"):
+        return None
+    if owner == "1":
+        from .owner import default_socket
+
+        return default_socket()
+    return owner
+
+
 def find_plugin():
     """Returns (path, platform) of the plugin to load, or raises RuntimeError."""
+    sock = attached_socket()
+    if sock:  # the owner's devices, through our forwarding plugin (torch_tpu/owner.py)
+        os.environ["TORCH_TPU_OWNER_SOCKET"] = sock
+        return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libtt_remote_pjrt.so"), "remote"
     path = os.environ.get("TORCH_TPU_PJRT_PLUGIN")
     if path:
         if not os.path.exists(path):
@@ -88,11 +105,18 @@ def _lock_path(platform):
     return os.path.join(d, f"{platform}-{visible.replace(',', '_').replace('/', '_')}.lock")
 
 
-def claim_devices(platform):
-    """Takes the platform's devices for this process when TORCH_TPU_EXCLUSIVE=1 (else does
-    nothing); raises RuntimeError naming the process that holds them."""
+def claim_devices(platform, force=False, note=None):
+    """Takes the platform's devices for this process when TORCH_TPU_EXCLUSIVE=1 or `force` (else
+    does nothing; a process attached to a device owner never does); raises RuntimeError naming
+    the process that holds them. `note` is added to this process's line in the lock file."""
     global _device_lock
-    if os.environ.get("TORCH_TPU_EXCLUSIVE", "0") in ("", "0") or _device_lock is not None:
+    if _device_lock is not None:
+        if note:
+            _describe(_device_lock, note)
+        return
+    if platform == "remote":
+        return
+    if not force and os.environ.get("TORCH_TPU_EXCLUSIVE", "0") in ("", "0"):
         return
     import fcntl
 
@@ -107,10 +131,17 @@ def claim_devices(platform):
         raise RuntimeError(
             f"the {platform} devices are in use by {owner}: one process opens a device "
             f"(TORCH_TPU_EXCLUSIVE=1, the rule a Cloud TPU enforces; lock {path}). Stop that "
-            "process, or unset TORCH_TPU_EXCLUSIVE to share the devices.") from None
-    f.truncate(0)
+            "process, or run the processes attached to one device owner (`python -m torch_tpu.owner`, "
+            "then TORCH_TPU_OWNER=1 in each), or unset TORCH_TPU_EXCLUSIVE to share the devices.") from None
+    _describe(f, note)
+    _device_lock = f
+
+
+def _describe(f, note):
+    """This process, as the lock file names it to a process that is refused."""
     import sys
 
-    f.write(f"process {os.getpid()} ({' '.join(sys.argv)[:200] or sys.executable})")
+    f.seek(0)
+    f.truncate(0)
+    f.write(f"process {os.getpid()} ({' '.join(sys.argv)[:200] or sys.executable})" + (f", {note}" if note else ""))
     f.flush()
-    _device_lock = f

@@ -23,7 +23,9 @@
 #include <optional>
 #include <random>
 
+#include "aten/layout.h"
 #include "aten/tpu.h"
+#include "remote/owner.h"
 
 namespace py = pybind11;
 
@@ -381,6 +383,77 @@ auto py_guard(F&& f) -> decltype(f()) {
   }
 }
 
+// ---- device owner (csrc/remote): serving this process's devices, and buffers shared between
+// the processes attached to an owner (the plugin's tt_remote_export / tt_remote_import)
+using ExportFn = int (*)(PJRT_Buffer*, char*, size_t, char*, size_t);
+using ImportFn = int (*)(const char*, PJRT_Buffer**, char*, size_t);
+
+template <typename Fn>
+Fn owner_symbol(const char* name) {
+  auto fn = reinterpret_cast<Fn>(rt::Client::get().symbol(name));
+  if (!fn)
+    throw std::runtime_error("sharing tensors between processes needs a process attached to a device owner "
+                             "(TORCH_TPU_OWNER; see `python -m torch_tpu.owner`)");
+  return fn;
+}
+
+// (token, storage bytes, storage dtype) of t's storage, shared with the owner's other clients.
+py::tuple share_storage(const at::Tensor& t) {
+  std::string token;
+  int64_t nbytes = 0;
+  int dtype = 0;
+  {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+    py_guard([&] {
+      auto fn = owner_symbol<ExportFn>("tt_remote_export");
+      auto st = aten::storage_of(t);
+      auto& eng = engine::Engine::get();
+      eng.flush_all();  // the storage's pending writes
+      if (st->dynamic()) throw std::runtime_error("a tensor with bucketed sizes cannot be shared yet");
+      if (!st->buffer) eng.zero_fill(*st);
+      char tok[128], err[512];
+      if (fn(st->buffer->get(), tok, sizeof tok, err, sizeof err) != 0) throw std::runtime_error(err);
+      token = tok;
+      nbytes = st->nbytes;
+      dtype = static_cast<int>(st->dtype);
+      return 0;
+    });
+  }
+  return py::make_tuple(token, nbytes, dtype);
+}
+
+at::Tensor open_shared(const std::string& token, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                       int64_t offset, c10::ScalarType dtype, int64_t nbytes, int storage_dtype, int device) {
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
+  return py_guard([&] {
+    auto fn = owner_symbol<ImportFn>("tt_remote_import");
+    PJRT_Buffer* b = nullptr;
+    char err[512];
+    if (fn(token.c_str(), &b, err, sizeof err) != 0) throw std::runtime_error(err);
+    auto buf = std::make_shared<rt::Buffer>(rt::Client::get().api(), b);
+    if (buf->bytes() != nbytes)
+      throw std::runtime_error("the shared buffer holds " + std::to_string(buf->bytes()) + " bytes, not " +
+                               std::to_string(nbytes));
+    aten::Layout l{std::move(sizes), std::move(strides), offset, nbytes, dtype, static_cast<hlo::DType>(storage_dtype)};
+    at::Tensor t = aten::tensor_on_new_storage(l, device);
+    aten::storage_of(t)->buffer = std::move(buf);
+    return t;
+  });
+}
+
+void bind_owner(py::module& m) {
+  m.def("_serve_devices", [](const std::string& path) {
+    py::gil_scoped_release nogil;
+    py_guard([&] { remote::serve(path); return 0; });
+  });
+  m.def("_stop_serving", [] { remote::stop(); });
+  m.def("_owner_clients", [] { return remote::connected_clients(); });
+  m.def("_share_storage", &share_storage);
+  m.def("_open_shared", &open_shared);
+}
+
 py::dict metrics_dict() {
   auto& m = engine::Engine::get().metrics;
   py::dict d;
@@ -457,6 +530,7 @@ PYBIND11_MODULE(_C, m) {
   aten::bind_kernels(m);
   aten::bind_distributed(m);
   aten::bind_spmd(m);
+  bind_owner(m);
   // Loads the PJRT plugin, creates the client and registers the device hooks
   // and every lowered op. Returns the number of devices.
   m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {

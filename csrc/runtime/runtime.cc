@@ -137,17 +137,22 @@ const void* Buffer::host_data() const {
     if (!on_host_) return nullptr;
   }
   if (!host_) {
-    auto r = TT_ARGS(PJRT_Buffer_ReadyEvent_Args, event);
-    r.buffer = b_;
-    check(api_, api_->PJRT_Buffer_ReadyEvent(&r), "Buffer_ReadyEvent");
-    Event ready(api_, r.event);
-    ready.await();  // the run that defines it has finished (or raises its error)
+    await_ready();  // the run that defines it has finished (or raises its error)
     auto p = TT_ARGS(PJRT_Buffer_UnsafePointer_Args, buffer_pointer);
     p.buffer = b_;
     check(api_, api_->PJRT_Buffer_UnsafePointer(&p), "Buffer_UnsafePointer");
     host_ = reinterpret_cast<const void*>(p.buffer_pointer);
   }
   return host_;
+}
+
+void Buffer::await_ready() const {
+  if (!api_->PJRT_Buffer_ReadyEvent) return;
+  auto r = TT_ARGS(PJRT_Buffer_ReadyEvent_Args, event);
+  r.buffer = b_;
+  check(api_, api_->PJRT_Buffer_ReadyEvent(&r), "Buffer_ReadyEvent");
+  Event ready(api_, r.event);
+  ready.await();
 }
 
 void Buffer::to_host(void* dst, size_t nbytes) const {
@@ -228,13 +233,16 @@ std::vector<BufferPtr> Executable::execute(int device, const std::vector<PJRT_Bu
   return result;
 }
 
-std::vector<std::vector<BufferPtr>> Executable::execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args) {
+std::vector<std::vector<BufferPtr>> Executable::execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args,
+                                                                   const std::vector<int64_t>& keep) {
   const PJRT_Api* api = client_->api();
   size_t n = args.size();
   if (n == 0) throw Error("execute_replicated: no replicas");
   for (auto& a : args)
     if (a.size() != args[0].size()) throw Error("execute_replicated: replicas have different argument counts");
   auto opts = TT_ARGS(PJRT_ExecuteOptions, incarnation_ids);
+  opts.non_donatable_input_indices = keep.empty() ? nullptr : keep.data();
+  opts.num_non_donatable_input_indices = keep.size();
   std::vector<PJRT_Buffer* const*> arg_lists(n);
   std::vector<std::vector<PJRT_Buffer*>> outs(n, std::vector<PJRT_Buffer*>(num_outputs_, nullptr));
   std::vector<PJRT_Buffer**> out_lists(n);
@@ -286,6 +294,8 @@ std::string Executable::serialize() const {
 
 // ---------------------------------------------------------------- Client
 bool Client::initialized() { return g_client != nullptr; }
+
+void* Client::symbol(const char* name) const { return dl_ ? dlsym(dl_, name) : nullptr; }
 
 Client& Client::get() {
   if (!g_client) throw Error("torch_tpu runtime is not initialised (no PJRT plugin loaded)");

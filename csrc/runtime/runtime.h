@@ -56,6 +56,8 @@ class Buffer {
   // process's memory (the CPU plugin: dense, row-major, `bytes()` long); nullptr on
   // plugins whose buffers live on a device. Valid while this Buffer lives.
   const void* host_data() const;
+  // Blocks until the run that defines the buffer has finished; throws that run's error.
+  void await_ready() const;
   // Bytes held by live buffers of this process (device memory actually in use) and its peak.
   static int64_t live_bytes();
   static int64_t peak_bytes();
@@ -84,7 +86,8 @@ class Executable {
                                  const std::vector<int64_t>& keep = {});
   // A replicated executable (Client::compile_replicated): runs every replica once,
   // replica i on device i with arguments args[i]; returns each replica's outputs.
-  std::vector<std::vector<BufferPtr>> execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args);
+  std::vector<std::vector<BufferPtr>> execute_replicated(const std::vector<std::vector<PJRT_Buffer*>>& args,
+                                                         const std::vector<int64_t>& keep = {});
   std::string serialize() const;  // empty when the plugin cannot serialize
  private:
   void track_run(PJRT_Event* done, bool wait);  // bounds runs in flight (Client::track)
@@ -107,6 +110,8 @@ class Client {
   static Client& init(const std::string& plugin_path, const std::string& platform_hint, int cpu_device_count);
   static Client& get();  // throws if init has not run
   static bool initialized();
+  // A symbol of the loaded plugin beyond the PJRT table (nullptr if it has none).
+  void* symbol(const char* name) const;
 
   ~Client();
   const PJRT_Api* api() const { return api_; }
