@@ -26,6 +26,7 @@ copies them into the engine's parameters on the device."""
 import argparse
 import json
 import os
+import pickle
 import subprocess
 import sys
 import tempfile
@@ -50,7 +51,8 @@ def _attach_to_an_owner():
     d = tempfile.mkdtemp(prefix="rl_owner_")
     sock, log = os.path.join(d, "owner.sock"), os.path.join(d, "owner.log")
     with open(log, "w") as f:
-        owner = subprocess.Popen([sys.executable, "-m", "torch_tpu.owner", "--socket", sock], stderr=f)
+        owner = subprocess.Popen([sys.executable, "-m", "torch_tpu.owner", "--socket", sock],
+                                 stdout=subprocess.DEVNULL, stderr=f)
     deadline = time.time() + 120
     while "serves" not in open(log).read():
         if owner.poll() is not None or time.time() > deadline:
@@ -198,8 +200,10 @@ class RemoteRollouts:
         self.args = args
 
     def _call(self, *msg):
-        self.conn.send(msg)
-        reply = self.conn.recv()
+        # plain pickle: a host tensor travels as its bytes (multiprocessing's own pickler would
+        # pass it as a shared-memory file descriptor)
+        self.conn.send_bytes(pickle.dumps(msg))
+        reply = pickle.loads(self.conn.recv_bytes())
         if isinstance(reply, BaseException):
             raise RuntimeError("the rollout process failed") from reply
         return reply
@@ -228,7 +232,10 @@ class RemoteRollouts:
         return self._call("compiles")
 
     def close(self):
-        self.conn.send(("exit",))
+        try:
+            self.conn.send_bytes(pickle.dumps(("exit",)))
+        except OSError:
+            pass  # the rollout process is gone already
         self.proc.wait(120)
 
 
@@ -238,19 +245,22 @@ def rollout_process(args):
 
     conn = Connection(args.conn)
     engine = Rollouts(args, args.model)
+    def send(obj):
+        conn.send_bytes(pickle.dumps(obj))
+
     while True:
-        msg = conn.recv()
+        msg = pickle.loads(conn.recv_bytes())
         try:
             if msg[0] == "exit":
                 return
             if msg[0] == "generate":
-                conn.send(engine.generate(*msg[1:]))
+                send(engine.generate(*msg[1:]))
             elif msg[0] == "sleep":
-                conn.send(engine.sleep())
+                send(engine.sleep())
             elif msg[0] == "compiles":
                 import torch_tpu
 
-                conn.send(torch_tpu.metrics.report()["compiles"])
+                send(torch_tpu.metrics.report()["compiles"])
             elif msg[0] == "load":
                 import torch_tpu
 
@@ -262,9 +272,9 @@ def rollout_process(args):
                 seconds, host_bytes, same = engine.load(weights, check)
                 del weights  # the trainer's buffers are the trainer's again
                 host_bytes += (m1["h2d_bytes"] - m0["h2d_bytes"]) + (m1["d2h_bytes"] - m0["d2h_bytes"])
-                conn.send((seconds + (t1 - t0), host_bytes, same))
+                send((seconds + (t1 - t0), host_bytes, same))
         except Exception as e:  # reported in the trainer
-            conn.send(e)
+            send(e)
             raise
 
 
@@ -336,11 +346,13 @@ def main():
                       f"peak MiB generate {gen_peak / 2**20:.1f} train {train_peak / 2**20:.1f}  "
                       f"sync {sync_seconds * 1e3:.1f} ms  {row['seconds']:.2f} s", flush=True)
     finally:
-        if isinstance(engine, RemoteRollouts):
-            engine.close()
-        if OWNER is not None:
-            OWNER.terminate()
-            OWNER.wait(60)
+        try:
+            if isinstance(engine, RemoteRollouts):
+                engine.close()
+        finally:
+            if OWNER is not None:
+                OWNER.terminate()
+                OWNER.wait(60)
 
 
 if __name__ == "__main__":

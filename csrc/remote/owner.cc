@@ -116,6 +116,9 @@ class Session {
         status = kInternal;
         msg = e.what();
       }
+      // frees are not answered (the client sends them ahead of its next request, so a free
+      // costs no round trip); an error in one (an unknown id) has no one to tell
+      if (static_cast<Op>(op) == Op::FreeBuffer || static_cast<Op>(op) == Op::FreeExecutable) continue;
       try {
         if (status) reply_error(status, msg);
         else send_message(fd_, kReplyMagic, 0, out.out);

@@ -27,10 +27,10 @@ enum class Op : uint32_t {
   Compile = 2,      // replicas (0: portable), format, code -> executable, outputs
   Deserialize = 3,  // bytes -> executable, outputs
   Serialize = 4,    // executable -> bytes
-  FreeExecutable = 5,
+  FreeExecutable = 5,  // ids (not answered)
   FromHost = 6,     // type, dims, device, bytes -> buffer, size
   ToHost = 7,       // buffer, bytes -> the bytes
-  FreeBuffer = 8,
+  FreeBuffer = 8,      // ids (not answered)
   Execute = 9,      // executable, device (-1: replicated), replicas, args, keep -> outputs
   MemoryStats = 10, // device -> stats (or an error: the plugin has none)
   Export = 11,      // buffer -> token (another client may import it)
