@@ -27,23 +27,30 @@ def run_example(*args, timeout=900, env=None):
     return rows
 
 
-def test_grpo_loop_colocated_in_one_process():
-    """50 iterations: the engine's weights equal the trainer's bitwise after every sync, the sync
-    moves no byte through host memory, steady iterations compile nothing, device memory stays flat
-    and the reward rises."""
-    rows = run_example("--iterations", "50", "--check-weights")
-    assert len(rows) == 50
+def check_loop(rows):
+    """Weights equal after every sync, no host bytes, no compile after the third iteration, memory
+    flat, the reward rises; returns the steady rows."""
     assert all(r["weights_equal"] for r in rows), [r["iteration"] for r in rows if not r["weights_equal"]]
     assert all(r["sync_host_bytes"] == 0 for r in rows), [r["sync_host_bytes"] for r in rows]
     steady = rows[3:]
     assert [r["compiles"] for r in steady] == [0] * len(steady), [r["compiles"] for r in rows]
     assert len({r["allocated_bytes"] for r in steady}) == 1, [r["allocated_bytes"] for r in rows]
     assert len({r["asleep_bytes"] for r in steady}) == 1, [r["asleep_bytes"] for r in rows]
-    # asleep, the device holds the trainer's state only: less than while generating
-    assert all(r["asleep_bytes"] < r["generate_peak_bytes"] for r in steady)
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-5:]) / 5
     assert last > first + 0.2, (first, last)
+    return steady
+
+
+def test_grpo_loop_colocated_in_one_process():
+    """50 iterations: the engine's weights equal the trainer's bitwise after every sync, the sync
+    moves no byte through host memory, steady iterations compile nothing, device memory stays flat
+    and the reward rises."""
+    rows = run_example("--iterations", "50", "--check-weights")
+    assert len(rows) == 50
+    steady = check_loop(rows)
+    # asleep, the device holds the trainer's state only: less than while generating
+    assert all(r["asleep_bytes"] < r["generate_peak_bytes"] for r in steady)
 
 
 def test_grpo_loop_in_two_processes_attached_to_one_owner(tmp_path):
@@ -54,15 +61,7 @@ def test_grpo_loop_in_two_processes_attached_to_one_owner(tmp_path):
     rows = run_example("--iterations", "50", "--check-weights", "--processes", "2",
                        env=dict(TORCH_TPU_EXCLUSIVE="1", XDG_RUNTIME_DIR=str(tmp_path)))
     assert len(rows) == 50 and all(r["processes"] == 2 for r in rows)
-    assert all(r["weights_equal"] for r in rows), [r["iteration"] for r in rows if not r["weights_equal"]]
-    assert all(r["sync_host_bytes"] == 0 for r in rows), [r["sync_host_bytes"] for r in rows]
-    steady = rows[3:]
-    assert [r["compiles"] for r in steady] == [0] * len(steady), [r["compiles"] for r in rows]
-    assert len({r["allocated_bytes"] for r in steady}) == 1, [r["allocated_bytes"] for r in rows]
-    assert len({r["asleep_bytes"] for r in steady}) == 1, [r["asleep_bytes"] for r in rows]
-    first = sum(r["reward"] for r in rows[:5]) / 5
-    last = sum(r["reward"] for r in rows[-5:]) / 5
-    assert last > first + 0.2, (first, last)
+    check_loop(rows)
 
 
 @pytest.mark.parametrize("level", [1, 2])
