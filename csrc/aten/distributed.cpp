@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/reducer_timer.hpp>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/library.h>
 
@@ -1029,7 +1030,30 @@ at::Tensor tpu_wait_tensor(const at::Tensor& t) {
   return c10d::wait_tensor(t);
 }
 
+// DDP's per-iteration times (forward, backward compute, backward communication: the
+// avg_*_time fields of DDP's logging data) for a module on tpu, read from the host
+// clock as c10d's CPU timer reads them. A tpu op returns when it is enqueued, so
+// compute times are the host's issue times; a collective waits for its inputs, so the
+// communication time includes the device work before it. Without a timer DDP warns on
+// every rank that it collects times for CPU and CUDA only.
+class TpuReducerTimer : public c10d::Timer {
+ public:
+  explicit TpuReducerTimer(c10::Device /*device*/) {}
+  std::optional<int64_t> measureDifference(Event start, Event end) override {
+    const int64_t s = getTimeRef(start), e = getTimeRef(end);
+    if (s == c10d::kUnsetTime || e == c10d::kUnsetTime || e < s) return std::nullopt;
+    return e - s;
+  }
+};
+
 }  // namespace
+}  // namespace tt::aten
+
+namespace c10d {
+C10_REGISTER_TYPED_CLASS(TimerRegistry, c10::kPrivateUse1, tt::aten::TpuReducerTimer);
+}  // namespace c10d
+
+namespace tt::aten {
 
 TORCH_LIBRARY_IMPL(_c10d_functional, PrivateUse1, m) { m.impl("wait_tensor", TORCH_FN(tpu_wait_tensor)); }
 

@@ -74,6 +74,25 @@ def test_single_rank_group(tmp_path):
         dist.destroy_process_group()
 
 
+def test_ddp_records_its_iteration_times_on_tpu(tmp_path):
+    """DDP's logging data has forward / backward / communication times for a tpu module (the
+    c10d reducer timer registered for PrivateUse1); without one DDP warns on every rank that it
+    times CPU and CUDA only."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("tpu_dist", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        model = DDP(torch.nn.Linear(4, 4).to("tpu"))
+        for _ in range(12):  # DDP samples its times at iteration 10
+            model(torch.randn(2, 4, device="tpu")).sum().backward()
+        data = model._get_ddp_logging_data()
+        for key in ("avg_forward_compute_time", "avg_backward_compute_time", "avg_backward_comm_time"):
+            assert data.get(key, 0) > 0, (key, data)
+        assert data["forward_compute_time_start"] < data["backward_compute_time_start"]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_storage_resize(tpu):
     """untyped_storage().resize_ (FSDP2 frees and re-allocates parameter memory with it)."""
     t = torch.arange(10, dtype=torch.float32, device=tpu)
