@@ -89,11 +89,11 @@ def _start():
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     # tpu kernels written in Python at the key the backend owns (see each module)
-    from . import _amp, _fused_optim, _grouped_mm
+    from . import _amp, _embedding_bag, _fused_optim, _grouped_mm
 
     global _aten_impls
     _aten_impls = torch.library.Library("aten", "IMPL")
-    for module in (_grouped_mm, _fused_optim, _amp):
+    for module in (_grouped_mm, _fused_optim, _amp, _embedding_bag):
         for op, kernel, key in module.KERNELS:
             _aten_impls.impl(op, kernel, key)
     try:  # TPUs compute in bfloat16: make it autocast's default dtype for tpu
