@@ -6,13 +6,8 @@
 # scripts/setup.sh to have run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-V=.venv-train
-PIP=(--disable-pip-version-check -q)
-STAMP="$V/.torch_tpu-setup"
-WANT="$(cat tests/train/requirements.txt pyproject.toml | sha1sum | cut -c1-16)"
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then exit 0; fi
-[ -x "$V/bin/python" ] || ${PYTHON_BIN:-python3} -m venv "$V"
-"$V/bin/pip" install "${PIP[@]}" torch==2.13.0
-"$V/bin/pip" install "${PIP[@]}" --no-deps -r tests/train/requirements.txt
-"$V/bin/pip" install "${PIP[@]}" --no-deps --no-build-isolation -e .
-echo "$WANT" > "$STAMP"
+source scripts/pinned_venv.sh
+V=.venv-train REQS=tests/train/requirements.txt
+if pinned_venv_current "$V" "$REQS"; then exit 0; fi
+pinned_venv_begin "$V" "$REQS"
+pinned_venv_finish "$V" "$REQS"
