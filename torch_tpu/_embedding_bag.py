@@ -68,7 +68,6 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
         bags, per_bag = indices.shape
         offsets = torch.arange(0, bags * per_bag, per_bag, device=device, dtype=indices.dtype) if per_bag else \
             torch.zeros(bags, device=device, dtype=indices.dtype)
-        indices = indices.reshape(-1)
         include_last_offset = False
     indices = indices.reshape(-1)
     starts = offsets[:-1] if include_last_offset else offsets
@@ -121,14 +120,8 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, s
     return out.to(weight.dtype), bag.to(index_dtype), bag_size, max_indices
 
 
-def _embedding_bag_padding(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
-                           per_sample_weights=None, include_last_offset=False, padding_idx=-1):
-    return _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
-                          include_last_offset, -1 if padding_idx is None else padding_idx)
-
-
 # (op, kernel, dispatch key): registered by torch_tpu at start-up
 KERNELS = [
-    ("_embedding_bag", _embedding_bag_padding, "AutogradPrivateUse1"),
-    ("_embedding_bag_forward_only", _embedding_bag_padding, "AutogradPrivateUse1"),
+    ("_embedding_bag", _embedding_bag, "AutogradPrivateUse1"),
+    ("_embedding_bag_forward_only", _embedding_bag, "AutogradPrivateUse1"),
 ]
