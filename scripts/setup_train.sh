@@ -7,7 +7,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pinned_venv.sh
-V=.venv-train REQS=tests/train/requirements.txt
-if pinned_venv_current "$V" "$REQS"; then exit 0; fi
-pinned_venv_begin "$V" "$REQS"
-pinned_venv_finish "$V" "$REQS"
+pinned_venv .venv-train tests/train/requirements.txt

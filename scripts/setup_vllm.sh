@@ -7,11 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pinned_venv.sh
-V=.venv-vllm REQS=tests/vllm/requirements.txt
-if pinned_venv_current "$V" "$REQS"; then exit 0; fi
-pinned_venv_begin "$V" "$REQS"
 # the sdist by URL and hash: built with VLLM_TARGET_DEVICE=empty its version reads 0.32.0+empty,
 # which a plain `vllm==0.32.0` request refuses
 VLLM_SDIST="https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/vllm-0.32.0.tar.gz#sha256=d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad"
-VLLM_TARGET_DEVICE=empty "$V/bin/pip" install "${PINNED_PIP[@]}" --no-deps --no-build-isolation "vllm @ $VLLM_SDIST"
-pinned_venv_finish "$V" "$REQS"
+install_vllm() { VLLM_TARGET_DEVICE=empty "$1/bin/pip" install "${PINNED_PIP[@]}" --no-deps --no-build-isolation "vllm @ $VLLM_SDIST"; }
+pinned_venv .venv-vllm tests/vllm/requirements.txt install_vllm
