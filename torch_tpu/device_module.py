@@ -341,6 +341,17 @@ class Precision(enum.IntEnum):
 _TLS_KEY = "torch_tpu.matmul_precision"
 
 
+def _as_precision(p):
+    """A Precision from the enum, its value, or its name in any case ("highest")."""
+    if isinstance(p, str):
+        try:
+            return Precision[p.upper()]
+        except KeyError:
+            raise ValueError(f"unknown matmul precision {p!r}; expected one of "
+                             f"{[m.name.lower() for m in Precision]}") from None
+    return Precision(p)
+
+
 def _thread_override():
     if torch._C._is_key_in_tls(_TLS_KEY):
         v = torch._C._get_obj_in_tls(_TLS_KEY)
@@ -354,7 +365,7 @@ def set_matmul_precision(p):
     (`with torch.tpu.precision(p)` overrides it for one thread). A later
     torch.set_float32_matmul_precision("medium"|"high"|"highest") (ATen's setting,
     which tpu reads) takes over with DEFAULT|HIGH|HIGHEST, until this is called again."""
-    _C._set_precision(int(Precision(p)))
+    _C._set_precision(int(_as_precision(p)))
 
 
 def get_matmul_precision():
@@ -368,7 +379,7 @@ def precision(p):
     """Thread-local precision for float32 matmul-like ops on tpu; nests. Backward
     ops that autograd runs for work started inside it use it too."""
     prev = torch._C._get_obj_in_tls(_TLS_KEY) if torch._C._is_key_in_tls(_TLS_KEY) else -1
-    torch._C._stash_obj_in_tls(_TLS_KEY, int(Precision(p)))
+    torch._C._stash_obj_in_tls(_TLS_KEY, int(_as_precision(p)))
     try:
         yield
     finally:

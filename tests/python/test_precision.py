@@ -52,6 +52,23 @@ def test_default_is_default_and_context_nests():
     assert torch.tpu.get_matmul_precision() == P.DEFAULT
 
 
+def test_modes_by_name():
+    with torch.tpu.precision("highest"):
+        assert torch.tpu.get_matmul_precision() == P.HIGHEST
+        with torch.tpu.precision("High"):
+            assert torch.tpu.get_matmul_precision() == P.HIGH
+    torch.tpu.set_matmul_precision("high")
+    try:
+        assert torch.tpu.get_matmul_precision() == P.HIGH
+    finally:
+        torch.tpu.set_matmul_precision("default")
+    assert torch.tpu.get_matmul_precision() == P.DEFAULT
+    with pytest.raises(ValueError, match="unknown matmul precision 'medium'"):
+        torch.tpu.set_matmul_precision("medium")
+    with pytest.raises(ValueError):
+        torch.tpu.set_matmul_precision(7)
+
+
 def test_switching_recompiles_and_changes_numbers():
     a = torch.randn(32, 32, device="tpu")
     b = torch.randn(32, 32, device="tpu")
