@@ -4,16 +4,14 @@ ray.train.report. Runs in .venv-train (scripts/setup_train.sh)."""
 import importlib.util
 import json
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
+from _jobs import ROOT, run_job
 import torch
 
 ray = pytest.importorskip("ray", reason="Ray Train is installed in .venv-train (scripts/setup_train.sh)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "ray_train_ddp.py")
 EPOCHS, BATCH, LR = 4, 64, 0.05
 
@@ -28,16 +26,7 @@ def load_example():
 def run_example(tmp_path, workers, timeout=240):
     cmd = [sys.executable, EXAMPLE, "--workers", str(workers), "--epochs", str(EPOCHS),
            "--batch-size", str(BATCH), "--lr", str(LR), "--storage", str(tmp_path / "ray")]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled")
-    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"the Ray run did not finish within {timeout}s:\n{out[-6000:]}")
-    assert p.returncode == 0, out[-8000:]
+    out = run_job(cmd, "the Ray run", timeout, env=dict(os.environ, RAY_AUTH_MODE="disabled"))
     return json.loads(out.strip().splitlines()[-1]), out
 
 

@@ -2,8 +2,13 @@
 against CPU with no CPU fallback (nn.EmbeddingBag / nn.Embedding natively, fbgemm's jagged ops
 through torch_tpu/_fbgemm.py), KeyedJaggedTensor ops on tpu, and a small DLRM trained on tpu with
 CPU's losses. Runs in .venv-train (scripts/setup_train.sh)."""
+import importlib.util
+import os
+import sys
+
 import pytest
 import torch
+from _jobs import ROOT, run_job
 
 torchrec = pytest.importorskip("torchrec", reason="TorchRec is installed in .venv-train (scripts/setup_train.sh)")
 from torchrec import (EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection,  # noqa: E402
@@ -168,26 +173,11 @@ def test_dlrm_trains_with_cpu_losses():
 def test_distributed_model_parallel_on_two_ranks_equals_one_process(tmp_path):
     """examples/torchrec_dmp.py: tables sharded table-wise and row-wise over 2 ranks (tpu_dist,
     TorchRec's UNFUSED_TPU kernel) train like the unsharded collection in one process."""
-    import importlib.util
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    script = os.path.join(root, "examples", "torchrec_dmp.py")
+    script = os.path.join(ROOT, "examples", "torchrec_dmp.py")
     steps, out_file = 4, tmp_path / "dmp.pt"
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend",
-                          "c10d", "--rdzv_endpoint", "localhost:0", script, "--steps", str(steps), "--out",
-                          str(out_file)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
-    try:
-        log, _ = p.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        log, _ = p.communicate()
-        pytest.fail(f"DMP did not finish within 300 s:\n{log[-6000:]}")
-    assert p.returncode == 0, log[-8000:]
+    run_job([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--rdzv_backend", "c10d",
+             "--rdzv_endpoint", "localhost:0", script, "--steps", str(steps), "--out", str(out_file)],
+            "DistributedModelParallel", timeout=300)
     result = torch.load(out_file)
     for name, kind in (("t_user", "table_wise"), ("t_item", "row_wise"), ("t_tags", "table_wise")):
         assert any(name in line and kind in line for line in result["plan"].splitlines()), result["plan"]

@@ -6,15 +6,14 @@ and tensor parallelism with torch.compile on the tpu backend trains. Runs in .ve
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 
 import pytest
+from _jobs import ROOT, run_job
 
 pytest.importorskip("torchtitan", reason="TorchTitan is installed in .venv-train (scripts/setup_train.sh)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREPARE = os.path.join(ROOT, "examples", "torchtitan", "prepare_assets.py")
 STEP = re.compile(r"step:\s*(\d+)\s+loss:\s*([0-9.]+)\s+grad_norm:\s*([0-9.]+)\s+memory:\s*([0-9.]+)GiB"
                   r".*?tps:\s*([0-9,]+)")
@@ -45,15 +44,7 @@ def titan(assets, dump, nproc, *overrides, dataset="c4_test", trains=True, timeo
            "--training.seq-len", "64", "--training.local-batch-size", "4", "--metrics.log-freq", "1",
            "--metrics.disable-color-printing", "--job.dump-folder", str(dump), *overrides]
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    p = subprocess.Popen(cmd, cwd=str(dump.parent), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"TorchTitan did not finish within {timeout}s:\n{out[-6000:]}")
-    assert p.returncode == 0, out[-8000:]
+    out = run_job(cmd, "TorchTitan", timeout, env=env, cwd=str(dump.parent))
     steps = {}
     for m in STEP.finditer(out):
         steps[int(m.group(1))] = (float(m.group(2)), float(m.group(3)), float(m.group(4)),
