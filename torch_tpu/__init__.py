@@ -89,11 +89,11 @@ def _start():
     torch._register_device_module("tpu", _device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
     # tpu kernels written in Python at the key the backend owns (see each module)
-    from . import _amp, _embedding_bag, _fbgemm, _fused_optim, _grouped_mm, _torchrec
+    from . import _amp, _embedding_bag, _fbgemm, _flash_attention, _fused_optim, _grouped_mm, _torchrec
 
     global _aten_impls, _fbgemm_impls, _torchrec_impls
     _aten_impls = torch.library.Library("aten", "IMPL")
-    for module in (_grouped_mm, _fused_optim, _amp, _embedding_bag):
+    for module in (_grouped_mm, _fused_optim, _amp, _embedding_bag, _flash_attention):
         for op, kernel, key in module.KERNELS:
             _aten_impls.impl(op, kernel, key)
     # TorchRec's KeyedJaggedTensor ops (fbgemm_gpu defines them when it is imported, if ever)

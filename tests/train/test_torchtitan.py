@@ -120,3 +120,14 @@ def test_tensor_parallel_with_full_activation_checkpointing_trains(assets, tmp_p
     assert "Applied full activation checkpointing to the model" in out, out[-4000:]
     assert sorted(steps) == list(range(1, 6))
     assert steps[5][0] < steps[1][0] - 0.05, steps
+
+
+def test_varlen_attention_flavor_trains(assets, tmp_path):
+    # debugmodel_varlen_attn packs documents and attends within each one through
+    # torch.nn.attention.varlen (aten::_flash_attention_forward/_backward on tpu), compiled by
+    # TorchTitan with torch.compile's default backend (tpu once torch_tpu is loaded)
+    steps, out = titan(assets, tmp_path / "dump", 1, "--model.flavor", "debugmodel_varlen_attn",
+                       "--training.steps", "5", "--debug.seed", "5")
+    assert '"attn_type": "varlen"' in out, out[-4000:]
+    assert sorted(steps) == list(range(1, 6))
+    assert steps[5][0] < steps[1][0] - 0.05, steps
