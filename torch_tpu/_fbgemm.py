@@ -5,7 +5,10 @@
 - `permute_1D_sparse_data` / `permute_2D_sparse_data`: reorder the jagged segments of `values`
   (and `weights`) by a permutation of the segments (`KeyedJaggedTensor.permute`);
 - `permute_pooled_embs`: reorder the column blocks of pooled embeddings (`KeyedTensor.regroup`;
-  fbgemm's autograd kernel of `permute_pooled_embs_auto_grad` calls it forward and backward).
+  fbgemm's autograd kernel of `permute_pooled_embs_auto_grad` calls it forward and backward);
+- `block_bucketize_sparse_features`: split each feature's ids into row blocks, one per rank (the
+  input distribution of row-wise sharding). Its variable-batch and uneven-block options run
+  fbgemm's CPU kernel on host copies.
 
 They are registered for PrivateUse1 when torch_tpu loads, before fbgemm_gpu defines the ops (the
 dispatcher keeps an implementation until its schema arrives), so nothing depends on import order;
@@ -93,6 +96,54 @@ def permute_pooled_embs(pooled_embs, offset_dim_list, permute_list, inv_offset_d
     return pooled_embs.index_select(1, block_permutation_columns(offset_dim_list, permute_list, pooled_embs.size(1)))
 
 
+def _bucketize_on_host(*args, **kwargs):
+    device = args[0].device
+
+    def move(x, to):
+        if isinstance(x, torch.Tensor):
+            return x.to(to)
+        if isinstance(x, (list, tuple)):
+            return type(x)(move(y, to) for y in x)
+        return x
+
+    return move(torch.ops.fbgemm.block_bucketize_sparse_features(*move(args, "cpu"), **move(kwargs, "cpu")), device)
+
+
+def block_bucketize_sparse_features(lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights=None,
+                                    batch_size_per_feature=None, max_B=-1, block_bucketize_pos=None,
+                                    keep_orig_idx=False, total_num_blocks=None, keep_orig_idx_per_feature=None):
+    """Ids of feature t below block_sizes[t] * my_size go to bucket id // block_sizes[t] as
+    id % block_sizes[t]; larger ids to bucket id % my_size as id // my_size. The output segments
+    are ordered (bucket, feature, sample), ids keeping their order within a segment."""
+    if (batch_size_per_feature is not None or block_bucketize_pos is not None or total_num_blocks is not None
+            or keep_orig_idx_per_feature is not None):
+        return _bucketize_on_host(lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights,
+                                  batch_size_per_feature, max_B, block_bucketize_pos, keep_orig_idx,
+                                  total_num_blocks, keep_orig_idx_per_feature)
+    segments = lengths.numel()
+    features = block_sizes.numel()
+    index_dtype = indices.dtype
+    offsets = asynchronous_complete_cumsum(lengths.reshape(-1).to(torch.int64))
+    position = torch.arange(indices.numel(), device=indices.device, dtype=torch.int64)
+    segment = torch.searchsorted(offsets[1:], position, right=True).clamp(max=max(segments - 1, 0))
+    batch = segments // max(features, 1)
+    block = block_sizes.to(index_dtype).index_select(0, torch.div(segment, max(batch, 1), rounding_mode="floor"))
+    block = torch.where(block > 0, block, torch.ones_like(block))
+    in_blocks = indices < block * my_size
+    bucket = torch.where(in_blocks, torch.div(indices, block, rounding_mode="floor"), torch.remainder(indices, my_size))
+    new_ids = indices if keep_orig_idx else torch.where(
+        in_blocks, torch.remainder(indices, block), torch.div(indices, my_size, rounding_mode="floor"))
+    key = bucket.to(torch.int64) * segments + segment
+    _, order = torch.sort(key, stable=True)
+    new_lengths = torch.zeros(my_size * segments, dtype=lengths.dtype, device=lengths.device).index_add(
+        0, key, torch.ones_like(key, dtype=lengths.dtype))
+    new_weights = weights.index_select(0, order) if weights is not None else None
+    new_pos = (position - offsets.index_select(0, segment)).to(index_dtype).index_select(0, order) \
+        if bucketize_pos else None
+    unbucketize_permute = torch.empty_like(order).scatter(0, order, position).to(index_dtype) if sequence else None
+    return new_lengths, new_ids.index_select(0, order), new_weights, new_pos, unbucketize_permute
+
+
 KERNELS = [(f.__name__, f) for f in (asynchronous_complete_cumsum, asynchronous_exclusive_cumsum,
                                      asynchronous_inclusive_cumsum, permute_1D_sparse_data, permute_2D_sparse_data,
-                                     permute_pooled_embs)]
+                                     permute_pooled_embs, block_bucketize_sparse_features)]

@@ -111,6 +111,28 @@ def test_keyed_jagged_tensor_ops_stay_on_tpu(weighted):
     assert metrics.cpu_fallbacks() == {}
 
 
+@pytest.mark.parametrize("sequence,bucketize_pos,keep_orig_idx", [(False, False, False), (True, True, False),
+                                                                   (True, False, True)])
+def test_block_bucketize_matches_cpu(sequence, bucketize_pos, keep_orig_idx):
+    """fbgemm::block_bucketize_sparse_features (row-wise sharding's input distribution), ids past
+    the blocks included, against fbgemm's CPU kernel."""
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.randint(0, 4, (3 * 5,), generator=g, dtype=torch.int32)
+    ids = torch.randint(0, 30, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(ids.numel(), generator=g)
+    block_sizes = torch.tensor([4, 7, 2])
+    args = lambda dev: [x.to(dev) for x in (lengths, ids)] + [bucketize_pos, sequence, block_sizes.to(dev), 3,  # noqa: E731
+                                                             weights.to(dev)]
+    metrics.reset()
+    out = torch.ops.fbgemm.block_bucketize_sparse_features(*args(TPU), keep_orig_idx=keep_orig_idx)
+    ref = torch.ops.fbgemm.block_bucketize_sparse_features(*args("cpu"), keep_orig_idx=keep_orig_idx)
+    for o, r in zip(out, ref):
+        assert (o is None) == (r is None)
+        if r is not None:
+            assert o.dtype == r.dtype and torch.equal(o.cpu(), r)
+    assert metrics.cpu_fallbacks() == {}
+
+
 def test_keyed_tensor_regroup_matches_cpu_forward_and_backward():
     g = torch.Generator().manual_seed(2)
     values = [torch.randn(4, 3, generator=g), torch.randn(4, 5, generator=g)]
@@ -181,9 +203,8 @@ def test_distributed_model_parallel_on_two_ranks_equals_one_process(tmp_path):
     result = torch.load(out_file)
     for name, kind in (("t_user", "table_wise"), ("t_item", "row_wise"), ("t_tags", "table_wise")):
         assert any(name in line and kind in line for line in result["plan"].splitlines()), result["plan"]
-    # the lookups (torchrec::) and the KJT permutes run on tpu; row-wise input distribution
-    # bucketizes ids with fbgemm::block_bucketize_sparse_features on the CPU fallback
-    assert set(result["fallbacks"]) <= {"fbgemm::block_bucketize_sparse_features"}, result["fallbacks"]
+    # the lookups (torchrec::), the KJT permutes and row-wise bucketizing all run on tpu
+    assert result["fallbacks"] == {}, result["fallbacks"]
 
     spec = importlib.util.spec_from_file_location("torchrec_dmp", script)
     example = importlib.util.module_from_spec(spec)
