@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up .venv-train, the training integrations' venv: torch==2.13.0 (CPU build), Ray Train and
-# every package it needs pinned (tests/train/requirements.txt, installed with --no-deps), and
+# Sets up .venv-train, the training integrations' venv: torch==2.13.0 (CPU build), Ray Train,
+# TorchTitan and TorchRec with every package they need pinned (tests/train/requirements.txt,
+# installed with --no-deps), and
 # torch_tpu installed editable from this checkout (its C++ core is the one scripts/build.sh built).
 # Idempotent: does nothing when the venv already has what the pins ask for. Expects
 # scripts/setup.sh to have run.

@@ -13,6 +13,6 @@ TORCH_TPU_TRACE_CACHE=verify .venv/bin/python -m pytest -q "${PAR[@]}" tests/pyt
 # vLLM on tpu (torch_tpu/vllm): its own venv with vLLM 0.32.0 pinned (scripts/setup_vllm.sh)
 bash scripts/setup_vllm.sh
 .venv-vllm/bin/python -m pytest -q tests/vllm
-# the training integrations (Ray Train, ...): their own venv, every package pinned (scripts/setup_train.sh)
+# the training integrations (Ray Train, TorchTitan, TorchRec): their own venv, every package pinned (scripts/setup_train.sh)
 bash scripts/setup_train.sh
 .venv-train/bin/python -m pytest -q tests/train

@@ -8,7 +8,8 @@ masked to the query's own sequence (and to the causal band or sliding window, al
 bottom right as FlashAttention aligns sequences of different lengths), a row softmax kept as its
 log-sum-exp, and the backward recomputed from that log-sum-exp. It is exact attention, quadratic
 in the packed token count (one (heads, tokens_q, tokens_k) score tensor): meant for the packed
-batches of a training step, not for very long contexts. Grouped-query attention (fewer key/value
+batches of a training step, not for very long contexts (a score tensor over a quarter of the
+device's memory raises torch.OutOfMemoryError with the sizes). Grouped-query attention (fewer key/value
 heads) is supported; dropout, ALiBi, paged KV (`block_table`) and `seqused_k` raise
 NotImplementedError.
 """
@@ -51,7 +52,19 @@ def _heads_first(x, heads):
     return x.repeat_interleave(heads // x.size(0), dim=0) if x.size(0) != heads else x
 
 
+def _check_size(query, key):
+    """The score tensor must fit: refuse early, with the numbers, rather than exhaust the device."""
+    score_bytes = 4 * query.size(1) * query.size(0) * key.size(0)
+    total = torch.tpu.get_device_properties(query.device).total_memory
+    if total and score_bytes > total // 4:
+        raise torch.OutOfMemoryError(
+            f"varlen attention on tpu holds a float32 (heads, tokens_q, tokens_k) score tensor: "
+            f"{query.size(1)} x {query.size(0)} x {key.size(0)} is {score_bytes / 2**30:.1f} GiB, over a quarter of "
+            f"the device's {total / 2**30:.1f} GiB; pack fewer tokens per call (a shorter sequence or a smaller batch)")
+
+
 def _probabilities(query, key, cum_seq_q, cum_seq_k, is_causal, scale, window_left, window_right, lse=None):
+    _check_size(query, key)
     heads = query.size(1)
     q, k = _heads_first(query, heads), _heads_first(key, heads)
     scale = scale if scale is not None else query.size(-1) ** -0.5

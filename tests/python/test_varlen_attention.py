@@ -97,3 +97,12 @@ def test_unsupported_arguments_raise():
     with pytest.raises(NotImplementedError, match="padded"):
         torch.ops.aten._flash_attention_forward(q.unsqueeze(0).to("tpu"), k.unsqueeze(0).to("tpu"),
                                                 v.unsqueeze(0).to("tpu"), None, None, 8, 8, 0.0, True, False)
+
+
+def test_a_score_tensor_too_big_for_the_device_is_refused():
+    total = torch.tpu.get_device_properties(0).total_memory
+    tokens = int((total / 4 / 2) ** 0.5) + 1  # 2 heads x tokens^2 floats > a quarter of the memory
+    q = torch.empty(tokens, 2, 8, device="tpu")
+    cu = torch.tensor([0, tokens], dtype=torch.int32, device="tpu")
+    with pytest.raises(torch.OutOfMemoryError, match="pack fewer tokens per call"):
+        varlen_attn(q, q, q, cu, cu, tokens, tokens, window_size=(-1, 0))
