@@ -91,19 +91,18 @@ def _start():
     # tpu kernels written in Python at the key the backend owns (see each module)
     from . import _amp, _embedding_bag, _fbgemm, _flash_attention, _fused_optim, _grouped_mm, _torchrec
 
-    global _aten_impls, _fbgemm_impls, _torchrec_impls
+    global _aten_impls, _library_impls
     _aten_impls = torch.library.Library("aten", "IMPL")
     for module in (_grouped_mm, _fused_optim, _amp, _embedding_bag, _flash_attention):
         for op, kernel, key in module.KERNELS:
             _aten_impls.impl(op, kernel, key)
-    # TorchRec's KeyedJaggedTensor ops (fbgemm_gpu defines them when it is imported, if ever)
-    _fbgemm_impls = torch.library.Library("fbgemm", "IMPL")
-    for op, kernel in _fbgemm.KERNELS:
-        _fbgemm_impls.impl(op, kernel, "PrivateUse1")
-    # the lookups of TorchRec's UNFUSED_TPU kernel (TorchRec defines them on import)
-    _torchrec_impls = torch.library.Library("torchrec", "IMPL")
-    for op, kernel in _torchrec.KERNELS:
-        _torchrec_impls.impl(op, kernel, "PrivateUse1")
+    # TorchRec's KeyedJaggedTensor ops and its UNFUSED_TPU lookups: fbgemm_gpu and TorchRec define
+    # these namespaces when they are imported, if ever
+    _library_impls = []
+    for namespace, module in (("fbgemm", _fbgemm), ("torchrec", _torchrec)):
+        _library_impls.append(torch.library.Library(namespace, "IMPL"))
+        for op, kernel in module.KERNELS:
+            _library_impls[-1].impl(op, kernel, "PrivateUse1")
     try:  # TPUs compute in bfloat16: make it autocast's default dtype for tpu
         torch.set_autocast_dtype("tpu", torch.bfloat16)
     except (AttributeError, RuntimeError):

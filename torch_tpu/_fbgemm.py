@@ -17,6 +17,8 @@ without fbgemm_gpu they are never reached. Like fbgemm's CPU and CUDA kernels, a
 """
 import torch
 
+from ._jagged import segments
+
 
 def _cumsum(t):
     return torch.cumsum(t, dim=-1).to(t.dtype)
@@ -47,9 +49,7 @@ def _permute_segments(permute, lengths, values, weights, permuted_lengths_sum):
     out_offsets = asynchronous_complete_cumsum(out_lengths)
     total = int(permuted_lengths_sum) if permuted_lengths_sum is not None else int(out_lengths.sum().item())
     index_dtype = in_offsets.dtype
-    position = torch.arange(total, device=values.device, dtype=index_dtype)
-    # the output segment of each position (zero-length segments are skipped by right=True)
-    segment = torch.searchsorted(out_offsets[1:], position, right=True)
+    position, segment, _ = segments(out_offsets, total)  # the output segment of each position
     source_segment = (permute.to(index_dtype).unsqueeze(1) * per_group
                       + torch.arange(per_group, device=values.device, dtype=index_dtype)).reshape(-1)
     source_start = in_offsets.index_select(0, source_segment)
@@ -84,8 +84,7 @@ def block_permutation_columns(offset_dim_list, permute_list, width):
     permute = permute_list.long()
     widths = (offset_dim_list[1:] - offset_dim_list[:-1]).index_select(0, permute)
     out_offsets = asynchronous_complete_cumsum(widths)
-    column = torch.arange(width, device=offset_dim_list.device, dtype=out_offsets.dtype)
-    block = torch.searchsorted(out_offsets[1:], column, right=True)
+    column, block, _ = segments(out_offsets, width)
     start = offset_dim_list.index_select(0, permute).to(out_offsets.dtype)
     return (start.index_select(0, block) + column - out_offsets.index_select(0, block)).long()
 
@@ -120,22 +119,21 @@ def block_bucketize_sparse_features(lengths, indices, bucketize_pos, sequence, b
         return _bucketize_on_host(lengths, indices, bucketize_pos, sequence, block_sizes, my_size, weights,
                                   batch_size_per_feature, max_B, block_bucketize_pos, keep_orig_idx,
                                   total_num_blocks, keep_orig_idx_per_feature)
-    segments = lengths.numel()
+    total_segments = lengths.numel()
     features = block_sizes.numel()
     index_dtype = indices.dtype
     offsets = asynchronous_complete_cumsum(lengths.reshape(-1).to(torch.int64))
-    position = torch.arange(indices.numel(), device=indices.device, dtype=torch.int64)
-    segment = torch.searchsorted(offsets[1:], position, right=True).clamp(max=max(segments - 1, 0))
-    batch = segments // max(features, 1)
+    position, segment, _ = segments(offsets, indices.numel())
+    batch = total_segments // max(features, 1)
     block = block_sizes.to(index_dtype).index_select(0, torch.div(segment, max(batch, 1), rounding_mode="floor"))
     block = torch.where(block > 0, block, torch.ones_like(block))
     in_blocks = indices < block * my_size
     bucket = torch.where(in_blocks, torch.div(indices, block, rounding_mode="floor"), torch.remainder(indices, my_size))
     new_ids = indices if keep_orig_idx else torch.where(
         in_blocks, torch.remainder(indices, block), torch.div(indices, my_size, rounding_mode="floor"))
-    key = bucket.to(torch.int64) * segments + segment
+    key = bucket.to(torch.int64) * total_segments + segment
     _, order = torch.sort(key, stable=True)
-    new_lengths = torch.zeros(my_size * segments, dtype=lengths.dtype, device=lengths.device).index_add(
+    new_lengths = torch.zeros(my_size * total_segments, dtype=lengths.dtype, device=lengths.device).index_add(
         0, key, torch.ones_like(key, dtype=lengths.dtype))
     new_weights = weights.index_select(0, order) if weights is not None else None
     new_pos = (position - offsets.index_select(0, segment)).to(index_dtype).index_select(0, order) \

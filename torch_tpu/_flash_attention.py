@@ -15,6 +15,8 @@ NotImplementedError.
 """
 import torch
 
+from ._jagged import segments
+
 
 def _unsupported(what):
     raise NotImplementedError(f"_flash_attention_forward on tpu: {what} is not supported")
@@ -22,14 +24,8 @@ def _unsupported(what):
 
 def _allowed(cum_seq_q, cum_seq_k, total_q, total_k, is_causal, window_left, window_right):
     """(total_q, total_k) bool: which keys each query attends to."""
-    device = cum_seq_q.device
-    seqs = cum_seq_q.numel() - 1
-
     def locate(cum, total):
-        token = torch.arange(total, device=device, dtype=cum.dtype)
-        seq = torch.searchsorted(cum[1:], token, right=True)
-        inside = seq < seqs
-        seq = seq.clamp(max=max(seqs - 1, 0))
+        token, seq, inside = segments(cum, total)
         return seq, token - cum.index_select(0, seq), inside
 
     seq_q, pos_q, in_q = locate(cum_seq_q, total_q)

@@ -12,18 +12,11 @@ by `offsets` (bags + 1 entries, the last one the number of indices used) or a fi
 import torch
 
 from ._fbgemm import block_permutation_columns
+from ._jagged import segments
 
 
 def _rows(weights, indices):
     return weights.index_select(0, indices.reshape(-1).long())
-
-
-def _bag_of_each_index(offsets, count):
-    """For each of `count` indices, its bag (offsets is bags + 1 long); indices past offsets[-1]
-    get the last bag and are masked by the caller."""
-    position = torch.arange(count, device=offsets.device, dtype=offsets.dtype)
-    bag = torch.searchsorted(offsets[1:], position, right=True)
-    return bag.clamp(max=max(offsets.numel() - 2, 0)), position < offsets[-1:]
 
 
 def embedding_lookup(indices, weights, emb_dim):
@@ -48,7 +41,7 @@ def _bags(indices, offsets, row_offsets=None):
     """(bag of each index, its row in weights, whether a bag covers it): the indices past
     offsets[-1] (TorchRec pads the batched ids) read row 0 and are masked out."""
     indices = indices.reshape(-1).long()
-    bag, covered = _bag_of_each_index(offsets, indices.numel())
+    _, bag, covered = segments(offsets, indices.numel())
     rows = indices if row_offsets is None else indices + row_offsets.long().index_select(0, bag)
     return bag, torch.where(covered, rows, torch.zeros_like(rows)), covered.unsqueeze(1)
 
