@@ -1,4 +1,7 @@
-"""Variable-length attention on tpu: `aten::_flash_attention_forward` / `_backward` in their
+"""Attention kernels written as compositions of lowered ops: the fused scaled_dot_product_attention
+backend (at the end of this file) and variable-length attention.
+
+Variable-length attention on tpu: `aten::_flash_attention_forward` / `_backward` in their
 varlen form (3-D `(tokens, heads, head_dim)` inputs packed by `cum_seq_q` / `cum_seq_k`), the ops
 `torch.nn.attention.varlen.varlen_attn` reaches through its `torch_attn::` custom ops (TorchTitan's
 `varlen` attention, packed-sequence training).
@@ -121,5 +124,64 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
         (d_query, query), (_sum_groups(d_key, kv_heads), key), (_sum_groups(d_value, kv_heads), value)))
 
 
+# --- scaled_dot_product_attention: the fused ("overrideable") backend PyTorch offers out-of-tree
+# devices. tpu's _fused_sdp_choice picks it when there is no dropout, no grouped-query expansion
+# and no mask that needs a gradient (csrc/aten/kernels.cpp); otherwise the math path runs. Like
+# FlashAttention it keeps the log-sum-exp, not the probabilities, for the backward: a layer's
+# (batch, heads, L, S) scores live only while its forward or backward runs.
+
+def _dense_probabilities(query, key, attn_bias, is_causal, scale, lse=None):
+    scale = scale if scale is not None else query.size(-1) ** -0.5
+    q, k = query.float(), key.float()
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if is_causal:  # top-left aligned, as scaled_dot_product_attention's is_causal
+        allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if attn_bias is not None and attn_bias.numel():
+        scores = scores + attn_bias.float()
+    if lse is None:
+        lse = torch.logsumexp(scores, dim=-1)
+    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # a fully masked row attends to nothing
+    return torch.exp(scores - finite.unsqueeze(-1)), lse, q, k, scale
+
+
+def _in_layout_of(like, values):
+    """values (contiguous) in a tensor whose dims are laid out in like's order, as the fused
+    kernels write their results (callers view them assuming it, e.g. MultiheadAttention)."""
+    order = sorted(range(like.dim()), key=lambda d: like.stride(d), reverse=True)
+    values = values.to(like.dtype)
+    if order == list(range(like.dim())):
+        return values.contiguous()
+    return values.permute(order).contiguous().permute([order.index(d) for d in range(like.dim())])
+
+
+def sdpa_fused_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False,
+                       *, scale=None):
+    if dropout_p:
+        raise NotImplementedError("the fused scaled_dot_product_attention on tpu has no dropout (the math path does)")
+    p, lse, _, _, _ = _dense_probabilities(query, key, attn_bias, is_causal, scale)
+    out = _in_layout_of(query, torch.matmul(p, value.float()))
+    no_rng = torch.zeros((), dtype=torch.int64, device=query.device)
+    return out, lse, None, None, query.size(-2), key.size(-2), no_rng, no_rng.clone(), None
+
+
+def sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,
+                        cum_seq_k, max_q, max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    p, _, q, k, scale = _dense_probabilities(query, key, attn_bias, is_causal, scale, lse=logsumexp)
+    d_out = grad_out.float()
+    d_value = torch.matmul(p.transpose(-2, -1), d_out)
+    d_p = torch.matmul(d_out, value.float().transpose(-2, -1))
+    d_scores = p * (d_p - (d_out * out.float()).sum(dim=-1, keepdim=True))
+    d_query = torch.matmul(d_scores, k)
+    d_key = torch.matmul(d_scores.transpose(-2, -1), q)
+    d_bias = None
+    if grad_input_mask[3] and attn_bias is not None and attn_bias.numel():
+        d_bias = _in_layout_of(attn_bias, d_scores.sum_to_size(attn_bias.shape))
+    return (_in_layout_of(query, d_query * scale), _in_layout_of(key, d_key * scale),
+            _in_layout_of(value, d_value), d_bias)
+
+
 KERNELS = [("_flash_attention_forward", flash_attention_forward, "PrivateUse1"),
-           ("_flash_attention_backward", flash_attention_backward, "PrivateUse1")]
+           ("_flash_attention_backward", flash_attention_backward, "PrivateUse1"),
+           ("_scaled_dot_product_fused_attention_overrideable", sdpa_fused_forward, "PrivateUse1"),
+           ("_scaled_dot_product_fused_attention_overrideable_backward", sdpa_fused_backward, "PrivateUse1")]

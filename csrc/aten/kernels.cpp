@@ -12,6 +12,7 @@
 #include <frameobject.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -1829,12 +1830,41 @@ at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
-// Scaled dot-product attention: always the math path (matmul + softmax), which
-// lowers natively and follows the matmul precision mode.
-int64_t tpu_fused_sdp_choice(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                             const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
-  return 0;  // sdp::SDPBackend::math
+// Scaled dot-product attention: the fused backend PyTorch leaves to out-of-tree devices
+// ("overrideable", torch_tpu/_flash_attention.py: keeps the log-sum-exp, not the probabilities,
+// for the backward) when sdpa_kernel allows a fused backend (code written for CUDA asks for
+// flash or memory-efficient attention) and there is no dropout, no grouped-query expansion and
+// no mask that needs a gradient; otherwise the math path (matmul + softmax), as before, even
+// where sdpa_kernel excludes it. Both lower natively and follow the matmul precision mode.
+// Tensors being traced (FakeTensor, FunctionalTensor, functorch wrappers: torch.compile, vmap)
+// take the math path: a traced graph then holds plain ops, and AOTAutograd does not wrap the
+// fused op's recompute in run_and_save_rng_state, whose backends are cpu/cuda/hpu/xpu only.
+int64_t tpu_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& attn_mask, double dropout_p, bool,
+                             std::optional<double>, bool) {
+  constexpr int64_t kMath = 0, kOverrideable = 4;  // sdp::SDPBackend
+  const c10::DispatchKeySet traced({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                    c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
+  for (const at::Tensor* t : {&query, &key, &value}) {
+    if (t->key_set().has_any(traced)) return kMath;
+  }
+  auto& ctx = at::globalContext();
+  bool allowed = ctx.userEnabledOverrideableSDP() || ctx.userEnabledFlashSDP() || ctx.userEnabledMemEfficientSDP() ||
+                 ctx.userEnabledCuDNNSDP();
+  bool fused = allowed && dropout_p == 0.0 && query.dim() == 4 && key.dim() == 4 &&
+               value.dim() == 4 && query.size(1) == key.size(1) && key.size(1) == value.size(1) &&
+               !query.is_nested() && !(attn_mask.has_value() && attn_mask->requires_grad());
+  return fused ? kOverrideable : kMath;
 }
+
+}  // namespace
+}  // namespace tt::aten
+namespace at::native {
+// scaled_dot_product_attention asks this stub (not the _fused_sdp_choice op) which backend runs
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tt::aten::tpu_fused_sdp_choice)
+}  // namespace at::native
+namespace tt::aten {
+namespace {
 
 // nn.Module.to("tpu") moves each parameter in place (`param.data = moved`: tied
 // weights stay tied, an optimizer made before the move keeps its parameters) only
