@@ -11,8 +11,9 @@
     `.cpu()`; each next to the same code on PyTorch CPU (eager, and Inductor for the compiled
     rows). Best of 5 repetitions, microseconds per call.
 (b) HF tiny Llama (vocab 256, hidden 64, 2 layers) `generate(max_new_tokens=32)` from an
-    8-token prompt, warm (third call), in Strict and DeferAndFuse: seconds per new token on
-    tpu and on PyTorch CPU; each mode in a fresh process.
+    8-token prompt, warm (third call), in Strict, DeferAndFuse and compiled (`torch.compile`d
+    forward, `cache_implementation="static"`): seconds per new token on tpu and on PyTorch CPU
+    eager (dynamic cache); each mode in a fresh process.
 (c) the cached 1k-element add in Strict mode under TORCH_TPU_STAGE_TIMES=1 (a fresh process):
     microseconds per op in each stage of the generic kernel (csrc/aten/kernels.cpp, LoweredOp),
     and the rest of the op's time (the dispatcher, Python, the clock itself).
@@ -85,13 +86,20 @@ from bench_dynamic import LLAMA  # noqa: E402  the same tiny Llama on CPU and on
 
 DECODE = LLAMA + r"""
 torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
-torch_tpu.set_eager_mode(torch_tpu.EagerMode.%(mode)s)
+mode = "%(mode)s"
 ids = torch.randint(2, 256, (1, 8), generator=torch.Generator().manual_seed(8))
 kw = dict(max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
+tpu_kw = dict(kw)
+if mode == "compiled":  # a compiled forward over a static KV cache, as transformers documents it
+    tpu.forward = torch.compile(tpu.forward)
+    tpu_kw["cache_implementation"] = "static"
+else:
+    torch_tpu.set_eager_mode(getattr(torch_tpu.EagerMode, mode))
 def gen(m, dev):
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = m.generate(input_ids=ids.to(dev), attention_mask=torch.ones_like(ids).to(dev), **kw).cpu()
+        out = m.generate(input_ids=ids.to(dev), attention_mask=torch.ones_like(ids).to(dev),
+                         **(tpu_kw if dev == "tpu" else kw)).cpu()
     return out, time.perf_counter() - t0
 for _ in range(2):
     gen(tpu, "tpu"); gen(cpu, "cpu")
@@ -107,7 +115,7 @@ def decode():
     print("## (b) HF tiny Llama greedy decode, 32 new tokens, warm, ms per token\n")
     print("| mode | tpu ms/token | PyTorch CPU ms/token | tpu / CPU | compiles (warm calls) | tokens equal CPU |")
     print("|---|---|---|---|---|---|")
-    for mode in ("DEFER_NEVER", "DEFER_AND_FUSE"):
+    for mode in ("DEFER_NEVER", "DEFER_AND_FUSE", "compiled"):
         out = subprocess.run([sys.executable, "-c", textwrap.dedent(DECODE % {"mode": mode})], capture_output=True,
                              text=True)
         if out.returncode != 0:
