@@ -288,6 +288,19 @@ std::vector<int64_t> all_dims(int64_t rank) {
   return d;
 }
 
+Value window_tap(Builder& b, Value xp, int64_t i, int64_t j, const Shape& dil, const Shape& stride, int64_t out_h,
+                 int64_t out_w) {
+  int64_t r = xp.rank();
+  Shape start(r, 0), limit = xp.shape(), step(r, 1);
+  start[r - 2] = i * dil[0];
+  start[r - 1] = j * dil[1];
+  limit[r - 2] = start[r - 2] + (out_h - 1) * stride[0] + 1;
+  limit[r - 1] = start[r - 1] + (out_w - 1) * stride[1] + 1;
+  step[r - 2] = stride[0];
+  step[r - 1] = stride[1];
+  return b.slice(xp, start, limit, step);
+}
+
 Value keep_dims(Builder& b, Value r, const Shape& full, const std::vector<int64_t>& dims) {
   Shape s = full;
   for (int64_t d : dims) s[d] = 1;

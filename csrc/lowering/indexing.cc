@@ -327,315 +327,347 @@ Value true_rank(Builder& b, Value flat_mask) {
   return b.sub(run, b.constant_int(1, DType::S64, {n}));
 }
 
+// ---- rules (the same anonymous namespace, reopened: they use true_rank above)
+namespace {
+// masked_scatter(x, m, src) = where(m, src.flat[rank of the element among m's true ones], x)
+// (a source with fewer elements than m has true ones fails the device check, as CPU raises)
+V lower_masked_scatter(Ctx& c) {
+  if (c.in(1).dtype() != DType::Pred) throw UserError("masked_scatter_ only supports boolean masks");
+  Builder& b = c.b;
+  const Shape& s = c.oshape();
+  int64_t n = hlo::numel(s);
+  if (n == 0) return {c.in_out(0, c.odt())};
+  Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), s), {n});
+  Value src = c.in(2);
+  int64_t ns = hlo::numel(src.shape());
+  Value ones = b.reduce(b.convert(m, DType::S64), b.constant_int(0, DType::S64), {0}, "add");
+  check_range(c, ones, 0, ns + 1, false, "Number of elements of source < number of ones in mask");
+  if (ns == 0) return {c.in_out(0, c.odt())};
+  Value pos = b.clamp(b.constant_int(0, DType::S64, {n}), true_rank(b, m), b.constant_int(ns - 1, DType::S64, {n}));
+  Value taken = b.take(b.reshape(b.convert(src, c.odt()), {ns}), pos, 0);
+  return {b.reshape(b.select(m, taken, b.reshape(c.in_out(0, c.odt()), {n})), s)};
+}
+// masked_scatter_backward(g, m, sizes) = g's elements where m, in order, zero-padded to `sizes`
+V lower_masked_scatter_backward(Ctx& c) {
+  Builder& b = c.b;
+  Value g = c.in(0);
+  int64_t n = hlo::numel(g.shape()), ns = hlo::numel(c.oshape());
+  if (n == 0 || ns == 0) return {b.zeros(c.odt(), c.oshape())};
+  Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), g.shape()), {n});
+  Value rank = true_rank(b, m);
+  // false elements, and true ones past the end, go to a spare slot ns
+  Value keep = b.select(m, b.compare(rank, b.constant_int(ns, DType::S64, {n}), hlo::Cmp::LT),
+                        b.constant_int(0, DType::Pred, {n}));
+  Value slot = b.select(keep, rank, b.constant_int(ns, DType::S64, {n}));
+  Value out = b.scatter(b.zeros(c.odt(), {ns + 1}), b.reshape(slot, {n, 1}),
+                        b.reshape(b.convert(g, c.odt()), {n}), {0}, "add");
+  return {b.reshape(b.slice(out, {0}, {ns}, {1}), c.oshape())};
+}
+V lower_index_select(Ctx& c) {
+  Value x = c.in(0);
+  if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  Extent size(c.b, x, dim);
+  check_range(c, c.in(2), 0, size, true, kOutOfRange);
+  Value idx = wrap_index(c.b, c.in(2), size);
+  return {c.b.reshape(c.b.take(x, idx, dim), c.oshape())};
+}
+// gather(x, dim, idx): out[i...] = x[..., idx[i...], ...]
+V lower_gather(Ctx& c) {
+  Value x = c.in(0);
+  if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  Extent size(c.b, x, dim);
+  check_range(c, c.in(2), 0, size, false, oob(dim, size));
+  Value idx = wrap_index(c.b, c.in(2), size);
+  return {c.b.take_along(x, idx, dim)};
+}
+// index(x, indices): advanced indexing as one gather
+V lower_index(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  auto [a, out, rest, offset_dims] = indexed(c, x);
+  Shape sizes = x.shape();
+  for (int64_t d : a.dims) {
+    // any index into an empty dim is out of range (CPU: IndexError); an empty result never gets here
+    if (sizes[d] == 0) throw UserError("index is out of bounds for dimension with size 0");
+    sizes[d] = 1;
+  }
+  Value coords = a.coords;
+  std::string attrs = "dimension_numbers = #stablehlo.gather<" +
+                      (offset_dims.empty() ? std::string() : "offset_dims = [" + hlo::join(offset_dims) + "], ") +
+                      "collapsed_slice_dims = [" + hlo::join(a.dims) + "], start_index_map = [" +
+                      hlo::join(a.dims) + "], index_vector_dim = " + std::to_string(a.bshape.size()) +
+                      ">, slice_sizes = " + hlo::i64_array(sizes) + ", indices_are_sorted = false";
+  return {b.emit("gather", {x, coords}, Type{x.dtype(), out}, attrs)};
+}
+// index_put(x, indices, values, accumulate): scatter of values broadcast to x[indices]
+V lower_index_put(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  auto [a, out, rest, offset_dims] = indexed(c, x);
+  Value vals = b.broadcast_to(b.convert(c.in(2), x.dtype()), out);
+  // move batch dims to the front: [B..., rest...]
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
+    bool is_off = false;
+    for (int64_t o : offset_dims) is_off |= o == i;
+    if (!is_off) perm.push_back(i);
+  }
+  for (int64_t o : offset_dims) perm.push_back(o);
+  vals = b.transpose(vals, perm);
+  Shape us{hlo::numel(a.bshape)};
+  for (int64_t s : rest) us.push_back(s);
+  vals = b.reshape(vals, us);
+  bool acc = c.flag_or(3, false);
+  Value coords = b.reshape(a.coords, {hlo::numel(a.bshape), static_cast<int64_t>(a.dims.size())});
+  return {b.scatter(x, coords, vals, a.dims, acc ? "add" : "")};
+}
+// index_add(x, dim, idx, src, alpha) = x with x[.., idx[i], ..] += alpha * src[.., i, ..]
+V lower_index_add(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  Value src = b.convert(c.in(3), x.dtype());
+  bool scalar0 = lift_0d(b, x, src);
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  Extent size(b, x, dim);
+  check_range(c, c.in(2), 0, size, true, kOutOfRange);
+  Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), size);
+  if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
+  std::vector<int64_t> perm{dim};
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (d != dim) perm.push_back(d);
+  src = b.transpose(src, perm);
+  int64_t n = hlo::numel(idx.shape());
+  Value out = b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, "add");
+  return {scalar0 ? b.reshape(out, {}) : out};
+}
+// index_reduce(x, dim, idx, src, reduce, include_self) = scatter_reduce with idx spread over src's slices
+V lower_index_reduce(Ctx& c) {
+  Builder& b = c.b;
+  Value x = b.convert(c.in(0), c.odt());
+  Value idx = c.in(2);
+  if (hlo::numel(idx.shape()) == 0) return {x};
+  Value src = b.convert(c.in(3), x.dtype());
+  bool scalar0 = lift_0d(b, x, src);
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  check_range(c, idx, 0, Extent(b, x, dim), true, kOutOfRange);
+  Value full = b.broadcast_in_dim(b.reshape(idx, {hlo::numel(idx.shape())}), src.shape(), {dim});
+  Value out = reduce_into(c, x, dim, full, src, c.str(4), c.flag_or(5, true))[0];
+  return {scalar0 ? b.reshape(out, {}) : out};
+}
+// index_fill(x, dim, idx, v) = x with x[.., idx[i], ..] = v
+V lower_index_fill(Ctx& c) {
+  return replace_slices(c, -1, "", [&](DType t, const Shape& s) { return c.b.broadcast_to(c.scalar(3, t), s); });
+}
+// index_copy(x, dim, idx, src) = x with x[.., idx[i], ..] = src[.., i, ..]
+V lower_index_copy(Ctx& c) {
+  return replace_slices(c, 0, "index_copy_(): ",
+                        [&](DType t, const Shape& s) { return c.b.reshape(c.b.convert(c.in(3), t), s); });
+}
+// take(x, idx) = x.flatten()[idx]
+V lower_take(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  int64_t n = hlo::numel(x.shape());
+  if (n == 0) return {b.zeros(c.odt(), c.oshape())};
+  std::string msg = "out of range: tried to access index {} on a tensor of " + std::to_string(n) + " elements.";
+  check_range(c, c.in(1), -n, n, true, msg);
+  Value idx = wrap_index(b, c.in(1), n);
+  return {b.reshape(b.take(b.reshape(x, {n}), b.reshape(idx, {hlo::numel(idx.shape())}), 0), c.oshape())};
+}
+// put(x, idx, src, accumulate) = x with x.flatten()[idx] = (or +=) src
+V lower_put(Ctx& c) {
+  Builder& b = c.b;
+  Value x = b.convert(c.in(0), c.odt());
+  int64_t n = hlo::numel(x.shape()), k = hlo::numel(c.in(1).shape());
+  if (n == 0 || k == 0) return {x};
+  std::string msg = "out of range: tried to access index {} on a tensor of " + std::to_string(n) + " elements.";
+  check_range(c, c.in(1), -n, n, true, msg);
+  Value idx = b.reshape(wrap_index(b, c.in(1), n), {k, 1});
+  Value src = b.reshape(b.convert(c.in(2), x.dtype()), {k});
+  Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? "add" : "");
+  return {b.reshape(out, x.shape())};
+}
+// searchsorted(seq, v, out_int32, right, side, sorter): CPU's binary search, unrolled
+// (floor(log2 M) + 1 halvings of [start, end) per element): left moves start past
+// mid while !(seq[mid] >= v), right while !(seq[mid] > v), so NaN values and NaN
+// boundaries land where CPU puts them (a count of seq < v put NaN at 0)
+Value search(Ctx& c, Value seq, Value v, bool right) {
+  Builder& b = c.b;
+  bool i32 = c.flag_or(2, false);  // out_int32 (both ops); an out= tensor of another dtype: CPU's error
+  if (c.odt() != (i32 ? DType::S32 : DType::S64))
+    throw UserError(std::string("torch.searchsorted(): output tensor's dtype is wrong, it can only be Int(int32) or "
+                                "Long(int64) depending on whether out_int32 flag is True, but we got output tensor's "
+                                "dtype ") + torch_dtype_name(c.odt()) + " and out_int32 flag is " + (i32 ? "True" : "False"));
+  DType t = promote(seq.dtype(), v.dtype());
+  seq = b.convert(seq, t);
+  v = b.convert(v, t);
+  int64_t m = seq.shape().back();
+  Shape vshape = v.shape();
+  if (m == 0 || hlo::numel(vshape) == 0) return b.zeros(c.odt(), vshape);
+  if (seq.rank() == 1) v = b.reshape(v, {hlo::numel(vshape)});  // every value against the one row
+  Value lo = b.zeros(DType::S64, v.shape()), hi = b.constant_int(m, DType::S64, v.shape());
+  Value one = b.constant_int(1, DType::S64, v.shape());
+  int steps = 1;
+  while ((int64_t{1} << steps) <= m) ++steps;
+  for (int i = 0; i < steps; ++i) {
+    Value active = b.compare(lo, hi, hlo::Cmp::LT);
+    Value mid = b.add(lo, b.binary("shift_right_logical", b.sub(hi, lo), one));
+    Value at = b.take_along(seq, b.min(mid, b.constant_int(m - 1, DType::S64, v.shape())), seq.rank() - 1);
+    Value below = b.compare(at, v, right ? hlo::Cmp::GT : hlo::Cmp::GE);  // false for NaN on either side
+    Value go_right = b.binary("and", active, b.unary("not", below));
+    Value go_left = b.binary("and", active, below);
+    lo = b.select(go_right, b.add(mid, one), lo);
+    hi = b.select(go_left, mid, hi);
+  }
+  return b.convert(b.reshape(lo, vshape), c.odt());
+}
+V lower_searchsorted(Ctx& c) {
+  Value seq = c.in(0);
+  if (c.has(5)) {  // sorter: CPU's checks (its dtype and shape, then each index)
+    Value sorter = c.in(5);
+    if (sorter.dtype() != DType::S64 || sorter.shape() != seq.shape())
+      throw UserError("torch.searchsorted(): sorter must be an int64 tensor of the boundaries' shape");
+    check_range(c, sorter, 0, seq.shape().empty() ? 1 : seq.shape().back(), false,
+                "torch.searchsorted(): sorter index out of range");
+    seq = c.b.take_along(seq, sorter, seq.rank() - 1);
+  }
+  if (c.has(4) && c.str(4) != "left" && c.str(4) != "right")
+    throw UserError("torch.searchsorted(): side can only be 'left' or 'right' but got " + c.str(4));
+  if (c.has(4) && c.str(4) == "left" && c.flag_or(3, false))
+    throw UserError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True");
+  bool right = c.flag_or(3, false) || (c.has(4) && c.str(4) == "right");
+  return {search(c, seq, c.in(1), right)};
+}
+V lower_bucketize(Ctx& c) {
+  if (c.in(1).rank() != 1) throw UserError("boundaries tensor must be 1 dimension");
+  return {search(c, c.in(1), c.in(0), c.flag_or(3, false))};
+}
+// histc(x, bins, min, max): counts over equal-width bins of [min, max] (the data's range when min == max)
+V lower_histc(Ctx& c) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  Value x = c.in(0);
+  int64_t bins = c.int_or(1, 100);
+  if (hlo::numel(x.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+  Value lo, hi;
+  if (c.num_or(2, 0) == c.num_or(3, 0)) {
+    std::tie(lo, hi) = data_range(b, x, t);
+    if (hlo::is_float(t)) {  // data with inf or NaN: CPU's error, naming the data's range
+      int64_t n = hlo::numel(x.shape());
+      Value xf = b.convert(b.reshape(x, {n}), DType::F32);
+      Value nan = b.reduce(b.compare(xf, xf, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
+      Value mn = b.reduce(xf, b.highest(DType::F32), {0}, "minimum"), mx = b.reduce(xf, b.lowest(DType::F32), {0}, "maximum");
+      mn = b.select(nan, b.constant(NAN, DType::F32), mn);  // any NaN: the range is [nan, nan]
+      mx = b.select(nan, b.constant(NAN, DType::F32), mx);
+      auto finite = [&](Value v) { return b.emit("is_finite", {v}, Type{DType::Pred, {}}); };
+      Value bad = b.unary("not", b.binary("and", finite(mn), finite(mx)));
+      auto bits = [&](Value v) { return b.convert(b.bitcast(v, DType::U32), DType::S64); };
+      Value pair = b.binary("or", b.binary("shift_left", bits(mn), b.constant_int(32, DType::S64)), bits(mx));
+      c.env.check(bad, pair, false, "torch.histc: range of [{f32,f32}] is not finite");
+    }
+  } else {
+    if (!std::isfinite(c.num(2)) || !std::isfinite(c.num(3))) throw UserError("torch.histc: range is not finite");
+    lo = c.scalar(2, t);
+    hi = c.scalar(3, t);
+  }
+  return {b.convert(bin_counts(b, x, Value{}, linear_edges(b, lo, hi, bins, t), bins, true), c.odt())};
+}
+// histogram(x, bins, range?, weight?, density) -> (hist, edges): equal-width bins
+V lower_histogram_bin_ct(Ctx& c) {
+  Builder& b = c.b;
+  DType t = c.odt(0);
+  Value x = c.in(0);
+  int64_t bins = c.int_or(1, 100);
+  Value lo, hi;
+  if (c.has(2) && c.arg(2).reals.size() == 2) {
+    lo = b.constant(c.arg(2).reals[0], t);
+    hi = b.constant(c.arg(2).reals[1], t);
+    if (c.arg(2).reals[0] == c.arg(2).reals[1]) {
+      lo = b.sub(lo, b.constant(0.5, t));
+      hi = b.add(hi, b.constant(0.5, t));
+    }
+  } else if (hlo::numel(x.shape()) == 0) {
+    lo = b.constant(0, t);
+    hi = b.constant(1, t);
+  } else {
+    std::tie(lo, hi) = data_range(b, x, t);
+  }
+  Value edges = linear_edges(b, lo, hi, bins, t);
+  // no data: zero counts, and a density of 0 / 0 = NaN, as on CPU
+  if (hlo::numel(x.shape()) == 0) return {b.constant(c.flag_or(4, false) ? NAN : 0.0, t, {bins}), edges};
+  Value h = bin_counts(b, x, c.has(3) ? c.in(3) : Value{}, edges, bins, true);
+  return {c.flag_or(4, false) ? density(b, h, edges, bins) : h, edges};
+}
+// histogram(x, edges tensor, weight?, density) -> (hist, edges)
+V lower_histogram_bins_tensor(Ctx& c) {
+  Builder& b = c.b;
+  DType t = c.odt(0);
+  Value edges = b.convert(c.in(1), t);
+  int64_t bins = edges.shape()[0] - 1;
+  if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0)  // no data: a density of 0 / 0 = NaN, as on CPU
+    return {b.constant(c.flag_or(3, false) && bins > 0 ? NAN : 0.0, t, c.oshape(0)), edges};
+  Value h = bin_counts(b, c.in(0), c.has(2) ? c.in(2) : Value{}, edges, bins, false);
+  return {c.flag_or(3, false) ? density(b, h, edges, bins) : h, edges};
+}
+// embedding_dense_backward(g, idx, num_weights, padding_idx, scale_grad_by_freq)
+V lower_embedding_dense_backward(Ctx& c) {
+  Builder& b = c.b;
+  if (c.flag_or(4, false)) throw Unsupported("embedding backward with scale_grad_by_freq");
+  Value g = b.convert(c.in(0), compute_type(c.odt()));
+  Value idx = b.convert(c.in(1), DType::S64);
+  int64_t nw = c.int_(2), pad = c.int_(3);
+  int64_t n = hlo::numel(idx.shape());
+  int64_t dmodel = c.oshape()[1];
+  Value rows = b.reshape(g, {n, dmodel});
+  Value flat = b.reshape(idx, {n});
+  if (pad >= 0) {
+    Value keep = b.compare(flat, b.constant_int(pad, DType::S64, {n}), hlo::Cmp::NE);
+    rows = b.select(b.broadcast_in_dim(keep, {n, dmodel}, {0}), rows, b.zeros(rows.dtype(), rows.shape()));
+  }
+  Value zeros = b.zeros(rows.dtype(), {nw, dmodel});
+  return {b.scatter(zeros, b.reshape(flat, {n, 1}), rows, {0}, "add")};
+}
+}  // namespace
+
 void register_indexing() {
-  add_rule("aten::scatter_reduce.two", scatter_reduce);
-  // masked_scatter(x, m, src) = where(m, src.flat[rank of the element among m's true ones], x)
-  // (a source with fewer elements than m has true ones fails the device check, as CPU raises)
-  add_rule("aten::masked_scatter", [](Ctx& c) -> V {
-    if (c.in(1).dtype() != DType::Pred) throw UserError("masked_scatter_ only supports boolean masks");
-    Builder& b = c.b;
-    const Shape& s = c.oshape();
-    int64_t n = hlo::numel(s);
-    if (n == 0) return {c.in_out(0, c.odt())};
-    Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), s), {n});
-    Value src = c.in(2);
-    int64_t ns = hlo::numel(src.shape());
-    Value ones = b.reduce(b.convert(m, DType::S64), b.constant_int(0, DType::S64), {0}, "add");
-    check_range(c, ones, 0, ns + 1, false, "Number of elements of source < number of ones in mask");
-    if (ns == 0) return {c.in_out(0, c.odt())};
-    Value pos = b.clamp(b.constant_int(0, DType::S64, {n}), true_rank(b, m), b.constant_int(ns - 1, DType::S64, {n}));
-    Value taken = b.take(b.reshape(b.convert(src, c.odt()), {ns}), pos, 0);
-    return {b.reshape(b.select(m, taken, b.reshape(c.in_out(0, c.odt()), {n})), s)};
-  });
-  // masked_scatter_backward(g, m, sizes) = g's elements where m, in order, zero-padded to `sizes`
-  add_rule("aten::masked_scatter_backward", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value g = c.in(0);
-    int64_t n = hlo::numel(g.shape()), ns = hlo::numel(c.oshape());
-    if (n == 0 || ns == 0) return {b.zeros(c.odt(), c.oshape())};
-    Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), g.shape()), {n});
-    Value rank = true_rank(b, m);
-    // false elements, and true ones past the end, go to a spare slot ns
-    Value keep = b.select(m, b.compare(rank, b.constant_int(ns, DType::S64, {n}), hlo::Cmp::LT),
-                          b.constant_int(0, DType::Pred, {n}));
-    Value slot = b.select(keep, rank, b.constant_int(ns, DType::S64, {n}));
-    Value out = b.scatter(b.zeros(c.odt(), {ns + 1}), b.reshape(slot, {n, 1}),
-                          b.reshape(b.convert(g, c.odt()), {n}), {0}, "add");
-    return {b.reshape(b.slice(out, {0}, {ns}, {1}), c.oshape())};
-  });
-  add_rule("aten::index_select", [](Ctx& c) -> V {
-    Value x = c.in(0);
-    if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    Extent size(c.b, x, dim);
-    check_range(c, c.in(2), 0, size, true, kOutOfRange);
-    Value idx = wrap_index(c.b, c.in(2), size);
-    return {c.b.reshape(c.b.take(x, idx, dim), c.oshape())};
-  });
-  // gather(x, dim, idx): out[i...] = x[..., idx[i...], ...]
-  add_rule("aten::gather", [](Ctx& c) -> V {
-    Value x = c.in(0);
-    if (x.rank() == 0) return {c.b.reshape(x, c.oshape())};
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    Extent size(c.b, x, dim);
-    check_range(c, c.in(2), 0, size, false, oob(dim, size));
-    Value idx = wrap_index(c.b, c.in(2), size);
-    return {c.b.take_along(x, idx, dim)};
-  });
-  add_rule("aten::scatter.src", [](Ctx& c) { return scatter_along(c, false, true); });
-  add_rule("aten::scatter.value", [](Ctx& c) { return scatter_along(c, false, false); });
-  add_rule("aten::scatter.reduce", [](Ctx& c) { return scatter_along(c, false, true); });
-  add_rule("aten::scatter.value_reduce", [](Ctx& c) { return scatter_along(c, false, false); });
-  add_rule("aten::scatter_add", [](Ctx& c) { return scatter_along(c, true, true); });
-  // index(x, indices): advanced indexing as one gather
-  add_rule("aten::index.Tensor", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    auto [a, out, rest, offset_dims] = indexed(c, x);
-    Shape sizes = x.shape();
-    for (int64_t d : a.dims) {
-      // any index into an empty dim is out of range (CPU: IndexError); an empty result never gets here
-      if (sizes[d] == 0) throw UserError("index is out of bounds for dimension with size 0");
-      sizes[d] = 1;
-    }
-    Value coords = a.coords;
-    std::string attrs = "dimension_numbers = #stablehlo.gather<" +
-                        (offset_dims.empty() ? std::string() : "offset_dims = [" + hlo::join(offset_dims) + "], ") +
-                        "collapsed_slice_dims = [" + hlo::join(a.dims) + "], start_index_map = [" +
-                        hlo::join(a.dims) + "], index_vector_dim = " + std::to_string(a.bshape.size()) +
-                        ">, slice_sizes = " + hlo::i64_array(sizes) + ", indices_are_sorted = false";
-    return {b.emit("gather", {x, coords}, Type{x.dtype(), out}, attrs)};
-  });
-  // index_put(x, indices, values, accumulate): scatter of values broadcast to x[indices]
-  for (auto n : {"aten::index_put", "aten::_index_put_impl"})
-  add_rule(n, [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    auto [a, out, rest, offset_dims] = indexed(c, x);
-    Value vals = b.broadcast_to(b.convert(c.in(2), x.dtype()), out);
-    // move batch dims to the front: [B..., rest...]
-    std::vector<int64_t> perm;
-    for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
-      bool is_off = false;
-      for (int64_t o : offset_dims) is_off |= o == i;
-      if (!is_off) perm.push_back(i);
-    }
-    for (int64_t o : offset_dims) perm.push_back(o);
-    vals = b.transpose(vals, perm);
-    Shape us{hlo::numel(a.bshape)};
-    for (int64_t s : rest) us.push_back(s);
-    vals = b.reshape(vals, us);
-    bool acc = c.flag_or(3, false);
-    Value coords = b.reshape(a.coords, {hlo::numel(a.bshape), static_cast<int64_t>(a.dims.size())});
-    return {b.scatter(x, coords, vals, a.dims, acc ? "add" : "")};
-  });
-  // index_add(x, dim, idx, src, alpha) = x with x[.., idx[i], ..] += alpha * src[.., i, ..]
-  add_rule("aten::index_add", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    Value src = b.convert(c.in(3), x.dtype());
-    bool scalar0 = lift_0d(b, x, src);
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    Extent size(b, x, dim);
-    check_range(c, c.in(2), 0, size, true, kOutOfRange);
-    Value idx = wrap_index(b, b.reshape(c.in(2), {hlo::numel(c.in(2).shape())}), size);
-    if (c.has(4) && !c.num_is(4, 1.0)) src = b.mul(src, b.broadcast_to(c.scalar(4, x.dtype()), src.shape()));
-    std::vector<int64_t> perm{dim};
-    for (int64_t d = 0; d < x.rank(); ++d)
-      if (d != dim) perm.push_back(d);
-    src = b.transpose(src, perm);
-    int64_t n = hlo::numel(idx.shape());
-    Value out = b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, "add");
-    return {scalar0 ? b.reshape(out, {}) : out};
-  });
-  // index_reduce(x, dim, idx, src, reduce, include_self) = scatter_reduce with idx spread over src's slices
-  add_rule("aten::index_reduce", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = b.convert(c.in(0), c.odt());
-    Value idx = c.in(2);
-    if (hlo::numel(idx.shape()) == 0) return {x};
-    Value src = b.convert(c.in(3), x.dtype());
-    bool scalar0 = lift_0d(b, x, src);
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    check_range(c, idx, 0, Extent(b, x, dim), true, kOutOfRange);
-    Value full = b.broadcast_in_dim(b.reshape(idx, {hlo::numel(idx.shape())}), src.shape(), {dim});
-    Value out = reduce_into(c, x, dim, full, src, c.str(4), c.flag_or(5, true))[0];
-    return {scalar0 ? b.reshape(out, {}) : out};
-  });
-  // index_fill(x, dim, idx, v) = x with x[.., idx[i], ..] = v
-  for (auto n : {"aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor"})
-    add_rule(n, [](Ctx& c) -> V {
-      return replace_slices(c, -1, "", [&](DType t, const Shape& s) { return c.b.broadcast_to(c.scalar(3, t), s); });
-    });
-  // index_copy(x, dim, idx, src) = x with x[.., idx[i], ..] = src[.., i, ..]
-  add_rule("aten::index_copy", [](Ctx& c) -> V {
-    return replace_slices(c, 0, "index_copy_(): ",
-                          [&](DType t, const Shape& s) { return c.b.reshape(c.b.convert(c.in(3), t), s); });
-  });
-  // take(x, idx) = x.flatten()[idx]
-  add_rule("aten::take", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    int64_t n = hlo::numel(x.shape());
-    if (n == 0) return {b.zeros(c.odt(), c.oshape())};
-    std::string msg = "out of range: tried to access index {} on a tensor of " + std::to_string(n) + " elements.";
-    check_range(c, c.in(1), -n, n, true, msg);
-    Value idx = wrap_index(b, c.in(1), n);
-    return {b.reshape(b.take(b.reshape(x, {n}), b.reshape(idx, {hlo::numel(idx.shape())}), 0), c.oshape())};
-  });
-  // put(x, idx, src, accumulate) = x with x.flatten()[idx] = (or +=) src
-  add_rule("aten::put", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = b.convert(c.in(0), c.odt());
-    int64_t n = hlo::numel(x.shape()), k = hlo::numel(c.in(1).shape());
-    if (n == 0 || k == 0) return {x};
-    std::string msg = "out of range: tried to access index {} on a tensor of " + std::to_string(n) + " elements.";
-    check_range(c, c.in(1), -n, n, true, msg);
-    Value idx = b.reshape(wrap_index(b, c.in(1), n), {k, 1});
-    Value src = b.reshape(b.convert(c.in(2), x.dtype()), {k});
-    Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? "add" : "");
-    return {b.reshape(out, x.shape())};
-  });
-  // searchsorted(seq, v, out_int32, right, side, sorter): CPU's binary search, unrolled
-  // (floor(log2 M) + 1 halvings of [start, end) per element): left moves start past
-  // mid while !(seq[mid] >= v), right while !(seq[mid] > v), so NaN values and NaN
-  // boundaries land where CPU puts them (a count of seq < v put NaN at 0)
-  auto search = [](Ctx& c, Value seq, Value v, bool right) -> Value {
-    Builder& b = c.b;
-    bool i32 = c.flag_or(2, false);  // out_int32 (both ops); an out= tensor of another dtype: CPU's error
-    if (c.odt() != (i32 ? DType::S32 : DType::S64))
-      throw UserError(std::string("torch.searchsorted(): output tensor's dtype is wrong, it can only be Int(int32) or "
-                                  "Long(int64) depending on whether out_int32 flag is True, but we got output tensor's "
-                                  "dtype ") + torch_dtype_name(c.odt()) + " and out_int32 flag is " + (i32 ? "True" : "False"));
-    DType t = promote(seq.dtype(), v.dtype());
-    seq = b.convert(seq, t);
-    v = b.convert(v, t);
-    int64_t m = seq.shape().back();
-    Shape vshape = v.shape();
-    if (m == 0 || hlo::numel(vshape) == 0) return b.zeros(c.odt(), vshape);
-    if (seq.rank() == 1) v = b.reshape(v, {hlo::numel(vshape)});  // every value against the one row
-    Value lo = b.zeros(DType::S64, v.shape()), hi = b.constant_int(m, DType::S64, v.shape());
-    Value one = b.constant_int(1, DType::S64, v.shape());
-    int steps = 1;
-    while ((int64_t{1} << steps) <= m) ++steps;
-    for (int i = 0; i < steps; ++i) {
-      Value active = b.compare(lo, hi, hlo::Cmp::LT);
-      Value mid = b.add(lo, b.binary("shift_right_logical", b.sub(hi, lo), one));
-      Value at = b.take_along(seq, b.min(mid, b.constant_int(m - 1, DType::S64, v.shape())), seq.rank() - 1);
-      Value below = b.compare(at, v, right ? hlo::Cmp::GT : hlo::Cmp::GE);  // false for NaN on either side
-      Value go_right = b.binary("and", active, b.unary("not", below));
-      Value go_left = b.binary("and", active, below);
-      lo = b.select(go_right, b.add(mid, one), lo);
-      hi = b.select(go_left, mid, hi);
-    }
-    return b.convert(b.reshape(lo, vshape), c.odt());
+  const std::pair<const char*, Rule> rules[] = {
+      // scatter / gather
+      {"aten::scatter_reduce.two", scatter_reduce},
+      {"aten::masked_scatter", lower_masked_scatter},
+      {"aten::masked_scatter_backward", lower_masked_scatter_backward},
+      {"aten::index_select", lower_index_select},
+      {"aten::gather", lower_gather},
+      {"aten::scatter.src", [](Ctx& c) { return scatter_along(c, false, true); }},
+      {"aten::scatter.value", [](Ctx& c) { return scatter_along(c, false, false); }},
+      {"aten::scatter.reduce", [](Ctx& c) { return scatter_along(c, false, true); }},
+      {"aten::scatter.value_reduce", [](Ctx& c) { return scatter_along(c, false, false); }},
+      {"aten::scatter_add", [](Ctx& c) { return scatter_along(c, true, true); }},
+      // advanced indexing
+      {"aten::index.Tensor", lower_index},
+      {"aten::index_put", lower_index_put},
+      {"aten::_index_put_impl", lower_index_put},
+      // index_add / index_reduce / index_fill / index_copy along a dim
+      {"aten::index_add", lower_index_add},
+      {"aten::index_reduce", lower_index_reduce},
+      {"aten::index_fill.int_Scalar", lower_index_fill},
+      {"aten::index_fill.int_Tensor", lower_index_fill},
+      {"aten::index_copy", lower_index_copy},
+      // flat take / put
+      {"aten::take", lower_take},
+      {"aten::put", lower_put},
+      // searchsorted, bucketize
+      {"aten::searchsorted.Tensor", lower_searchsorted},
+      {"aten::bucketize.Tensor", lower_bucketize},
+      // histograms
+      {"aten::histc", lower_histc},
+      {"aten::histogram.bin_ct", lower_histogram_bin_ct},
+      {"aten::histogram.bins_tensor", lower_histogram_bins_tensor},
+      // embedding backward
+      {"aten::embedding_dense_backward", lower_embedding_dense_backward},
   };
-  add_rule("aten::searchsorted.Tensor", [search](Ctx& c) -> V {
-    Value seq = c.in(0);
-    if (c.has(5)) {  // sorter: CPU's checks (its dtype and shape, then each index)
-      Value sorter = c.in(5);
-      if (sorter.dtype() != DType::S64 || sorter.shape() != seq.shape())
-        throw UserError("torch.searchsorted(): sorter must be an int64 tensor of the boundaries' shape");
-      check_range(c, sorter, 0, seq.shape().empty() ? 1 : seq.shape().back(), false,
-                  "torch.searchsorted(): sorter index out of range");
-      seq = c.b.take_along(seq, sorter, seq.rank() - 1);
-    }
-    if (c.has(4) && c.str(4) != "left" && c.str(4) != "right")
-      throw UserError("torch.searchsorted(): side can only be 'left' or 'right' but got " + c.str(4));
-    if (c.has(4) && c.str(4) == "left" && c.flag_or(3, false))
-      throw UserError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True");
-    bool right = c.flag_or(3, false) || (c.has(4) && c.str(4) == "right");
-    return {search(c, seq, c.in(1), right)};
-  });
-  add_rule("aten::bucketize.Tensor", [search](Ctx& c) -> V {
-    if (c.in(1).rank() != 1) throw UserError("boundaries tensor must be 1 dimension");
-    return {search(c, c.in(1), c.in(0), c.flag_or(3, false))};
-  });
-  // histc(x, bins, min, max): counts over equal-width bins of [min, max] (the data's range when min == max)
-  add_rule("aten::histc", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = c.in(0);
-    int64_t bins = c.int_or(1, 100);
-    if (hlo::numel(x.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-    Value lo, hi;
-    if (c.num_or(2, 0) == c.num_or(3, 0)) {
-      std::tie(lo, hi) = data_range(b, x, t);
-      if (hlo::is_float(t)) {  // data with inf or NaN: CPU's error, naming the data's range
-        int64_t n = hlo::numel(x.shape());
-        Value xf = b.convert(b.reshape(x, {n}), DType::F32);
-        Value nan = b.reduce(b.compare(xf, xf, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
-        Value mn = b.reduce(xf, b.highest(DType::F32), {0}, "minimum"), mx = b.reduce(xf, b.lowest(DType::F32), {0}, "maximum");
-        mn = b.select(nan, b.constant(NAN, DType::F32), mn);  // any NaN: the range is [nan, nan]
-        mx = b.select(nan, b.constant(NAN, DType::F32), mx);
-        auto finite = [&](Value v) { return b.emit("is_finite", {v}, Type{DType::Pred, {}}); };
-        Value bad = b.unary("not", b.binary("and", finite(mn), finite(mx)));
-        auto bits = [&](Value v) { return b.convert(b.bitcast(v, DType::U32), DType::S64); };
-        Value pair = b.binary("or", b.binary("shift_left", bits(mn), b.constant_int(32, DType::S64)), bits(mx));
-        c.env.check(bad, pair, false, "torch.histc: range of [{f32,f32}] is not finite");
-      }
-    } else {
-      if (!std::isfinite(c.num(2)) || !std::isfinite(c.num(3))) throw UserError("torch.histc: range is not finite");
-      lo = c.scalar(2, t);
-      hi = c.scalar(3, t);
-    }
-    return {b.convert(bin_counts(b, x, Value{}, linear_edges(b, lo, hi, bins, t), bins, true), c.odt())};
-  });
-  // histogram(x, bins, range?, weight?, density) -> (hist, edges): equal-width bins
-  add_rule("aten::histogram.bin_ct", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = c.odt(0);
-    Value x = c.in(0);
-    int64_t bins = c.int_or(1, 100);
-    Value lo, hi;
-    if (c.has(2) && c.arg(2).reals.size() == 2) {
-      lo = b.constant(c.arg(2).reals[0], t);
-      hi = b.constant(c.arg(2).reals[1], t);
-      if (c.arg(2).reals[0] == c.arg(2).reals[1]) {
-        lo = b.sub(lo, b.constant(0.5, t));
-        hi = b.add(hi, b.constant(0.5, t));
-      }
-    } else if (hlo::numel(x.shape()) == 0) {
-      lo = b.constant(0, t);
-      hi = b.constant(1, t);
-    } else {
-      std::tie(lo, hi) = data_range(b, x, t);
-    }
-    Value edges = linear_edges(b, lo, hi, bins, t);
-    // no data: zero counts, and a density of 0 / 0 = NaN, as on CPU
-    if (hlo::numel(x.shape()) == 0) return {b.constant(c.flag_or(4, false) ? NAN : 0.0, t, {bins}), edges};
-    Value h = bin_counts(b, x, c.has(3) ? c.in(3) : Value{}, edges, bins, true);
-    return {c.flag_or(4, false) ? density(b, h, edges, bins) : h, edges};
-  });
-  // histogram(x, edges tensor, weight?, density) -> (hist, edges)
-  add_rule("aten::histogram.bins_tensor", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = c.odt(0);
-    Value edges = b.convert(c.in(1), t);
-    int64_t bins = edges.shape()[0] - 1;
-    if (hlo::numel(c.in(0).shape()) == 0 || bins <= 0)  // no data: a density of 0 / 0 = NaN, as on CPU
-      return {b.constant(c.flag_or(3, false) && bins > 0 ? NAN : 0.0, t, c.oshape(0)), edges};
-    Value h = bin_counts(b, c.in(0), c.has(2) ? c.in(2) : Value{}, edges, bins, false);
-    return {c.flag_or(3, false) ? density(b, h, edges, bins) : h, edges};
-  });
-  // embedding_dense_backward(g, idx, num_weights, padding_idx, scale_grad_by_freq)
-  add_rule("aten::embedding_dense_backward", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    if (c.flag_or(4, false)) throw Unsupported("embedding backward with scale_grad_by_freq");
-    Value g = b.convert(c.in(0), compute_type(c.odt()));
-    Value idx = b.convert(c.in(1), DType::S64);
-    int64_t nw = c.int_(2), pad = c.int_(3);
-    int64_t n = hlo::numel(idx.shape());
-    int64_t dmodel = c.oshape()[1];
-    Value rows = b.reshape(g, {n, dmodel});
-    Value flat = b.reshape(idx, {n});
-    if (pad >= 0) {
-      Value keep = b.compare(flat, b.constant_int(pad, DType::S64, {n}), hlo::Cmp::NE);
-      rows = b.select(b.broadcast_in_dim(keep, {n, dmodel}, {0}), rows, b.zeros(rows.dtype(), rows.shape()));
-    }
-    Value zeros = b.zeros(rows.dtype(), {nw, dmodel});
-    return {b.scatter(zeros, b.reshape(flat, {n, 1}), rows, {0}, "add")};
-  });
+  for (auto& [name, rule] : rules) add_rule(name, rule);
 }
 
 }  // namespace tt::lower

@@ -303,260 +303,305 @@ Value perm_sign(Builder& b, const std::vector<Value>& piv, const Shape& batch, D
   }
   return sign;
 }
-}  // namespace
 
-void register_linalg() {
-  // linalg_cross(a, b, dim): c_i = a_{i+1} b_{i+2} - a_{i+2} b_{i+1} (indices mod 3 along dim)
-  add_rule("aten::linalg_cross", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = c.odt();
-    Value x = c.in_out(0, t), y = c.in_out(1, t);
-    int64_t d = wrap_dim(c.int_or(2, -1), x.rank());
-    auto roll = [&](Value v, int64_t s) {  // v[(i + s) % 3]
-      Shape lo(v.rank(), 0), hi = v.shape(), st(v.rank(), 1);
-      hi[d] = s;
-      Value head = b.slice(v, lo, hi, st);
-      lo[d] = s;
-      hi[d] = 3;
-      return b.concatenate({b.slice(v, lo, hi, st), head}, d);
-    };
-    return {b.sub(b.mul(roll(x, 1), roll(y, 2)), b.mul(roll(x, 2), roll(y, 1)))};
-  });
-  add_rule("aten::mm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kMM, c.odt())}; });
-  add_rule("aten::bmm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kBMM, c.odt())}; });
-  add_rule("aten::dot", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });
-  // vdot(a, b) = sum(conj(a) * b)
-  add_rule("aten::vdot", [](Ctx& c) -> V { return {matmul(c, c.b.conj(c.in(0)), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; });
-  add_rule("aten::mv", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {1}, {0}}, c.odt())}; });
-  // addmm(self, m1, m2, beta, alpha) = beta self + alpha m1 @ m2
-  add_rule("aten::addmm", [](Ctx& c) -> V {
-    return {scale_add(c, matmul(c, c.in(1), c.in(2), kMM, c.odt()), 0, 3, 4)};
-  });
-  add_rule("aten::baddbmm", [](Ctx& c) -> V {
-    return {scale_add(c, matmul(c, c.in(1), c.in(2), kBMM, c.odt()), 0, 3, 4)};
-  });
-  add_rule("aten::addmv", [](Ctx& c) -> V {
-    return {scale_add(c, matmul(c, c.in(1), c.in(2), {{}, {}, {1}, {0}}, c.odt()), 0, 3, 4)};
-  });
-  // addbmm(self, b1, b2) = beta self + alpha sum_b b1[b] @ b2[b]
-  add_rule("aten::addbmm", [](Ctx& c) -> V {
-    Value p = matmul(c, c.in(1), c.in(2), {{}, {}, {0, 2}, {0, 1}}, c.odt());
-    return {scale_add(c, p, 0, 3, 4)};
-  });
-  // The factorizations below (Cholesky, triangular solves, LU and what is built on
-  // it) are written for real matrices: complex ones run on the CPU fallback.
-  auto add_real_rule = [](const std::string& name, Rule r) {
-    add_rule(name, [r](Ctx& c) -> V {
-      for (size_t i = 0; i < c.nargs(); ++i)
-        if (c.arg(i).kind == Arg::Tensor && c.has(i) && hlo::is_complex(c.in(i).dtype()))
-          throw Unsupported("complex matrices in a factorization");
-      return r(c);
-    });
+// ---- rule bodies (registered in register_linalg below)
+
+// linalg_cross(a, b, dim): c_i = a_{i+1} b_{i+2} - a_{i+2} b_{i+1} (indices mod 3 along dim)
+V lower_linalg_cross(Ctx& c) {
+  Builder& b = c.b;
+  DType t = c.odt();
+  Value x = c.in_out(0, t), y = c.in_out(1, t);
+  int64_t d = wrap_dim(c.int_or(2, -1), x.rank());
+  auto roll = [&](Value v, int64_t s) {  // v[(i + s) % 3]
+    Shape lo(v.rank(), 0), hi = v.shape(), st(v.rank(), 1);
+    hi[d] = s;
+    Value head = b.slice(v, lo, hi, st);
+    lo[d] = s;
+    hi[d] = 3;
+    return b.concatenate({b.slice(v, lo, hi, st), head}, d);
   };
-  // linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or LAPACK's
-  // order of the first leading minor that is not positive-definite)
-  add_real_rule("aten::linalg_cholesky_ex", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt(0));
-    if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
-    Value l = cholesky_lower(b, a);
-    return {c.flag_or(1, false) ? mT(b, l) : l, b.convert(cholesky_info(b, a, l), c.odt(1))};
-  });
-  // aten::cholesky (deprecated) is linalg_cholesky_ex plus CPU's error check: csrc/aten/kernels.cpp
-  // linalg_solve_triangular(a, y, upper, left, unit) = x with a x = y (left) or x a = y
-  add_real_rule("aten::linalg_solve_triangular", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Shape batch = batch_of(c.oshape());
-    Value a = to_batch(b, b.convert(c.in(0), c.odt()), batch), y = to_batch(b, b.convert(c.in(1), c.odt()), batch);
-    if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-    bool upper = c.flag(2), left = c.flag_or(3, true), unit = c.flag_or(4, false);
-    a = keep_triangle(b, a, !upper);
-    return {tri_solve(b, a, y, left, !upper, unit, false)};
-  });
-  // triangular_solve(y, a, upper, transpose, unit) -> (x with op(a) x = y, a)
-  add_real_rule("aten::triangular_solve", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Shape batch = batch_of(c.oshape(0));
-    Value y = to_batch(b, b.convert(c.in(0), c.odt(0)), batch), a = to_batch(b, b.convert(c.in(1), c.odt(0)), batch);
-    if (hlo::numel(c.oshape(0)) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.broadcast_to(a, c.oshape(1))};
-    bool upper = c.flag_or(2, true), trans = c.flag_or(3, false), unit = c.flag_or(4, false);
-    Value x = tri_solve(b, keep_triangle(b, a, !upper), y, true, !upper, unit, trans);
-    return {x, b.broadcast_to(a, c.oshape(1))};
-  });
-  // _cholesky_solve_helper(y, L, upper) = x with L L^T x = y (U^T U x = y when upper)
-  add_real_rule("aten::_cholesky_solve_helper", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Shape batch = batch_of(c.oshape());
-    Value y = to_batch(b, b.convert(c.in(0), c.odt()), batch), l = to_batch(b, b.convert(c.in(1), c.odt()), batch);
-    if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-    bool upper = c.flag_or(2, false);
-    if (upper) l = mT(b, l);
-    l = keep_triangle(b, l, true);
-    Value z = tri_solve(b, l, y, true, true, false, false);
-    return {tri_solve(b, l, z, true, true, false, true)};
-  });
-  // cholesky_inverse(L, upper) = (L L^T)^-1 (or (U^T U)^-1)
-  add_real_rule("aten::cholesky_inverse", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value l = b.convert(c.in(0), c.odt());
-    if (hlo::numel(l.shape()) == 0) return {l};
-    if (c.flag_or(1, false)) l = mT(b, l);
-    l = keep_triangle(b, l, true);
-    int64_t r = l.rank();
-    Value eye = b.convert(b.compare(b.iota(DType::S64, l.shape(), r - 2), b.iota(DType::S64, l.shape(), r - 1),
-                                    hlo::Cmp::EQ), l.dtype());
-    Value z = tri_solve(b, l, eye, true, true, false, false);
-    return {tri_solve(b, l, z, true, true, false, true)};
-  });
-  // linalg_lu_factor_ex(A, pivot, check) -> (LU, pivots (1-based, int32), info)
-  add_real_rule("aten::linalg_lu_factor_ex", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt(0));
-    if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
-    LU f = lu_factor(b, a, c.flag_or(1, true));
-    return {f.lu, stack_pivots(b, f.piv, batch_of(a.shape()), c.odt(1)), b.convert(f.info, c.odt(2))};
-  });
-  // linalg_lu(A, pivot) -> (P, L, U) with A = P L U
-  add_real_rule("aten::linalg_lu", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt(1));
-    if (hlo::numel(a.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
-    bool pivot = c.flag_or(1, true);
-    LU f = lu_factor(b, a, pivot);
-    auto [l, u] = lu_parts(b, f.lu);
-    Value p = pivot ? perm_matrix(b, f.perm, c.odt(0)) : b.zeros(c.odt(0), c.oshape(0));
-    return {p, l, u};
-  });
-  // lu_unpack(LU, pivots, unpack_data, unpack_pivots) -> (P, L, U)
-  add_real_rule("aten::lu_unpack", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value lu = c.in(0), piv = b.convert(c.in(1), DType::S64);
-    if (hlo::numel(lu.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
-    int64_t r = lu.rank(), m = lu.shape()[r - 2];
-    Shape batch = batch_of(lu.shape());
-    V out;
-    if (c.flag_or(3, true)) {
-      std::vector<Value> swaps;
-      int64_t kp = piv.shape().back();
-      for (int64_t k = 0; k < kp; ++k) {
-        Shape st(piv.rank(), 0), lim = piv.shape(), one(piv.rank(), 1);
-        st.back() = k;
-        lim.back() = k + 1;
-        Value pk = b.reshape(b.slice(piv, st, lim, one), batch);
-        swaps.push_back(b.sub(pk, b.constant_int(1, DType::S64, batch)));
-      }
-      out.push_back(perm_matrix(b, perm_from_swaps(b, swaps, batch, m), c.odt(0)));
-    } else {
-      out.push_back(b.zeros(c.odt(0), c.oshape(0)));
-    }
-    if (c.flag_or(2, true)) {
-      auto [l, u] = lu_parts(b, lu);
-      out.push_back(l);
-      out.push_back(u);
-    } else {
-      out.push_back(b.zeros(c.odt(1), c.oshape(1)));
-      out.push_back(b.zeros(c.odt(2), c.oshape(2)));
-    }
-    return out;
-  });
-  // linalg_lu_solve(LU, pivots, B, left, adjoint) = X with A X = B (A^T X = B; X A = B when !left)
-  add_real_rule("aten::linalg_lu_solve", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Shape batch = batch_of(c.oshape());
-    Value lu = to_batch(b, b.convert(c.in(0), c.odt()), batch), rhs = b.convert(c.in(2), c.odt());
-    if (hlo::numel(c.oshape()) == 0 || hlo::numel(lu.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-    Value piv = b.convert(c.in(1), DType::S64);
-    int64_t m = lu.shape()[lu.rank() - 2];
+  return {b.sub(b.mul(roll(x, 1), roll(y, 2)), b.mul(roll(x, 2), roll(y, 1)))};
+}
+
+// addmm(self, m1, m2, beta, alpha) = beta self + alpha m1 @ m2
+V lower_addmm(Ctx& c) {
+  return {scale_add(c, matmul(c, c.in(1), c.in(2), kMM, c.odt()), 0, 3, 4)};
+}
+
+V lower_baddbmm(Ctx& c) {
+  return {scale_add(c, matmul(c, c.in(1), c.in(2), kBMM, c.odt()), 0, 3, 4)};
+}
+
+V lower_addmv(Ctx& c) {
+  return {scale_add(c, matmul(c, c.in(1), c.in(2), {{}, {}, {1}, {0}}, c.odt()), 0, 3, 4)};
+}
+
+// addbmm(self, b1, b2) = beta self + alpha sum_b b1[b] @ b2[b]
+V lower_addbmm(Ctx& c) {
+  Value p = matmul(c, c.in(1), c.in(2), {{}, {}, {0, 2}, {0, 1}}, c.odt());
+  return {scale_add(c, p, 0, 3, 4)};
+}
+
+// The factorizations below (Cholesky, triangular solves, LU and what is built on
+// it) are written for real matrices: complex ones run on the CPU fallback.
+Rule real_rule(Rule r) {
+  return [r](Ctx& c) -> V {
+    for (size_t i = 0; i < c.nargs(); ++i)
+      if (c.arg(i).kind == Arg::Tensor && c.has(i) && hlo::is_complex(c.in(i).dtype()))
+        throw Unsupported("complex matrices in a factorization");
+    return r(c);
+  };
+}
+
+// linalg_cholesky_ex(a, upper, check) -> (L with a = L L^T (or U^T U), info: 0, or LAPACK's
+// order of the first leading minor that is not positive-definite)
+V lower_linalg_cholesky_ex(Ctx& c) {
+  Builder& b = c.b;
+  Value a = b.convert(c.in(0), c.odt(0));
+  if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
+  Value l = cholesky_lower(b, a);
+  return {c.flag_or(1, false) ? mT(b, l) : l, b.convert(cholesky_info(b, a, l), c.odt(1))};
+}
+
+// linalg_solve_triangular(a, y, upper, left, unit) = x with a x = y (left) or x a = y
+V lower_linalg_solve_triangular(Ctx& c) {
+  Builder& b = c.b;
+  Shape batch = batch_of(c.oshape());
+  Value a = to_batch(b, b.convert(c.in(0), c.odt()), batch), y = to_batch(b, b.convert(c.in(1), c.odt()), batch);
+  if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+  bool upper = c.flag(2), left = c.flag_or(3, true), unit = c.flag_or(4, false);
+  a = keep_triangle(b, a, !upper);
+  return {tri_solve(b, a, y, left, !upper, unit, false)};
+}
+
+// triangular_solve(y, a, upper, transpose, unit) -> (x with op(a) x = y, a)
+V lower_triangular_solve(Ctx& c) {
+  Builder& b = c.b;
+  Shape batch = batch_of(c.oshape(0));
+  Value y = to_batch(b, b.convert(c.in(0), c.odt(0)), batch), a = to_batch(b, b.convert(c.in(1), c.odt(0)), batch);
+  if (hlo::numel(c.oshape(0)) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.broadcast_to(a, c.oshape(1))};
+  bool upper = c.flag_or(2, true), trans = c.flag_or(3, false), unit = c.flag_or(4, false);
+  Value x = tri_solve(b, keep_triangle(b, a, !upper), y, true, !upper, unit, trans);
+  return {x, b.broadcast_to(a, c.oshape(1))};
+}
+
+// _cholesky_solve_helper(y, L, upper) = x with L L^T x = y (U^T U x = y when upper)
+V lower_cholesky_solve_helper(Ctx& c) {
+  Builder& b = c.b;
+  Shape batch = batch_of(c.oshape());
+  Value y = to_batch(b, b.convert(c.in(0), c.odt()), batch), l = to_batch(b, b.convert(c.in(1), c.odt()), batch);
+  if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+  bool upper = c.flag_or(2, false);
+  if (upper) l = mT(b, l);
+  l = keep_triangle(b, l, true);
+  Value z = tri_solve(b, l, y, true, true, false, false);
+  return {tri_solve(b, l, z, true, true, false, true)};
+}
+
+// cholesky_inverse(L, upper) = (L L^T)^-1 (or (U^T U)^-1)
+V lower_cholesky_inverse(Ctx& c) {
+  Builder& b = c.b;
+  Value l = b.convert(c.in(0), c.odt());
+  if (hlo::numel(l.shape()) == 0) return {l};
+  if (c.flag_or(1, false)) l = mT(b, l);
+  l = keep_triangle(b, l, true);
+  int64_t r = l.rank();
+  Value eye = b.convert(b.compare(b.iota(DType::S64, l.shape(), r - 2), b.iota(DType::S64, l.shape(), r - 1),
+                                  hlo::Cmp::EQ), l.dtype());
+  Value z = tri_solve(b, l, eye, true, true, false, false);
+  return {tri_solve(b, l, z, true, true, false, true)};
+}
+
+// linalg_lu_factor_ex(A, pivot, check) -> (LU, pivots (1-based, int32), info)
+V lower_linalg_lu_factor_ex(Ctx& c) {
+  Builder& b = c.b;
+  Value a = b.convert(c.in(0), c.odt(0));
+  if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
+  LU f = lu_factor(b, a, c.flag_or(1, true));
+  return {f.lu, stack_pivots(b, f.piv, batch_of(a.shape()), c.odt(1)), b.convert(f.info, c.odt(2))};
+}
+
+// linalg_lu(A, pivot) -> (P, L, U) with A = P L U
+V lower_linalg_lu(Ctx& c) {
+  Builder& b = c.b;
+  Value a = b.convert(c.in(0), c.odt(1));
+  if (hlo::numel(a.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
+  bool pivot = c.flag_or(1, true);
+  LU f = lu_factor(b, a, pivot);
+  auto [l, u] = lu_parts(b, f.lu);
+  Value p = pivot ? perm_matrix(b, f.perm, c.odt(0)) : b.zeros(c.odt(0), c.oshape(0));
+  return {p, l, u};
+}
+
+// lu_unpack(LU, pivots, unpack_data, unpack_pivots) -> (P, L, U)
+V lower_lu_unpack(Ctx& c) {
+  Builder& b = c.b;
+  Value lu = c.in(0), piv = b.convert(c.in(1), DType::S64);
+  if (hlo::numel(lu.shape()) == 0) return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
+  int64_t r = lu.rank(), m = lu.shape()[r - 2];
+  Shape batch = batch_of(lu.shape());
+  V out;
+  if (c.flag_or(3, true)) {
     std::vector<Value> swaps;
-    Shape pb = batch_of(c.in(0).shape());
-    for (int64_t k = 0; k < piv.shape().back(); ++k) {
+    int64_t kp = piv.shape().back();
+    for (int64_t k = 0; k < kp; ++k) {
       Shape st(piv.rank(), 0), lim = piv.shape(), one(piv.rank(), 1);
       st.back() = k;
       lim.back() = k + 1;
-      swaps.push_back(b.sub(b.reshape(b.slice(piv, st, lim, one), pb), b.constant_int(1, DType::S64, pb)));
+      Value pk = b.reshape(b.slice(piv, st, lim, one), batch);
+      swaps.push_back(b.sub(pk, b.constant_int(1, DType::S64, batch)));
     }
-    Value perm = perm_from_swaps(b, swaps, pb, m);
-    Shape full = batch;
-    full.push_back(m);
-    perm = b.broadcast_to(perm, full);
-    bool left = c.flag_or(3, true), adjoint = c.flag_or(4, false);
-    if (left) return {lu_solve(b, lu, perm, to_batch(b, rhs, batch), adjoint)};
-    // X A = B  <=>  A^T X^T = B^T
-    return {mT(b, lu_solve(b, lu, perm, to_batch(b, mT(b, rhs), batch), !adjoint))};
-  });
-  // _linalg_solve_ex(A, B, left, check) -> (X, LU, pivots, info)
-  add_real_rule("aten::_linalg_solve_ex", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = c.odt(0);
-    Value a = b.convert(c.in(0), t), rhs = b.convert(c.in(1), t);
-    bool left = c.flag_or(2, true);
-    const Shape& xs = c.oshape(0);
-    bool vec = static_cast<int64_t>(xs.size()) == a.rank() - 1;  // B was a (batch of) vector(s)
-    Shape batch = vec ? Shape(xs.begin(), xs.end() - 1) : batch_of(xs);
-    if (hlo::numel(a.shape()) == 0 || hlo::numel(xs) == 0)
-      return {b.zeros(t, xs), b.zeros(t, c.oshape(1)), b.zeros(c.odt(2), c.oshape(2)), b.zeros(c.odt(3), c.oshape(3))};
-    LU f = lu_factor(b, a, true);
-    Shape ab = batch_of(a.shape());
-    Value lu = to_batch(b, f.lu, batch);
-    Shape pfull = batch;
-    pfull.push_back(a.shape().back());
-    Value perm = b.broadcast_to(f.perm, pfull);
-    Value x;
-    if (vec) {
-      Value rb = b.broadcast_to(rhs, xs);
-      Shape col = xs;
-      col.push_back(1);
-      x = b.reshape(lu_solve(b, lu, perm, b.reshape(rb, col), !left), xs);
-    } else if (left) {
-      x = lu_solve(b, lu, perm, to_batch(b, rhs, batch), false);
-    } else {
-      x = mT(b, lu_solve(b, lu, perm, to_batch(b, mT(b, rhs), batch), true));
-    }
-    return {x, f.lu, stack_pivots(b, f.piv, ab, c.odt(2)), b.convert(f.info, c.odt(3))};
-  });
-  // linalg_inv_ex(A, check) -> (A^-1 via LU, info)
-  add_real_rule("aten::linalg_inv_ex", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt(0));
-    if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
-    LU f = lu_factor(b, a, true);
-    int64_t r = a.rank();
-    Value eye = b.convert(b.compare(b.iota(DType::S64, a.shape(), r - 2), b.iota(DType::S64, a.shape(), r - 1),
-                                    hlo::Cmp::EQ), a.dtype());
-    return {lu_solve(b, f.lu, f.perm, eye, false), b.convert(f.info, c.odt(1))};
-  });
-  // _linalg_det(A) -> (det = sign(P) prod diag(U), LU, pivots)
-  add_real_rule("aten::_linalg_det", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt(0));
-    Shape batch = batch_of(a.shape());
-    if (hlo::numel(a.shape()) == 0)
-      return {b.constant(1, c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
-    LU f = lu_factor(b, factored(c, a), true);
-    Value d = b.reduce(diag_of(b, f.lu), b.constant(1, a.dtype()), {a.rank() - 2}, "multiply");
-    return {b.mul(d, perm_sign(b, f.piv, batch, a.dtype())), f.lu, stack_pivots(b, f.piv, batch, c.odt(2))};
-  });
-  // _linalg_slogdet(A) -> (sign, log|det|, LU, pivots)
-  add_real_rule("aten::_linalg_slogdet", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value a = b.convert(c.in(0), c.odt(0));
-    Shape batch = batch_of(a.shape());
-    if (hlo::numel(a.shape()) == 0)
-      return {b.constant(1, c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2)),
-              b.zeros(c.odt(3), c.oshape(3))};
-    LU f = lu_factor(b, factored(c, a), true);
-    Value dg = diag_of(b, f.lu);
-    int64_t last = a.rank() - 2;
-    Value neg = b.reduce(b.convert(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::LT), DType::S64),
-                         b.constant_int(0, DType::S64), {last}, "add");
-    Value odd = b.compare(b.binary("remainder", neg, b.constant_int(2, DType::S64, neg.shape())),
-                          b.zeros(DType::S64, neg.shape()), hlo::Cmp::NE);
-    Value sign = b.mul(perm_sign(b, f.piv, batch, a.dtype()), b.select(odd, b.constant(-1, a.dtype(), batch), b.constant(1, a.dtype(), batch)));
-    Value zero = b.reduce(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {last}, "or");
-    sign = b.select(zero, b.zeros(a.dtype(), batch), sign);
-    Value logabs = b.reduce(b.unary("log", b.unary("abs", dg)), b.zeros(a.dtype(), {}), {last}, "add");
-    return {sign, logabs, f.lu, stack_pivots(b, f.piv, batch, c.odt(3))};
-  });
+    out.push_back(perm_matrix(b, perm_from_swaps(b, swaps, batch, m), c.odt(0)));
+  } else {
+    out.push_back(b.zeros(c.odt(0), c.oshape(0)));
+  }
+  if (c.flag_or(2, true)) {
+    auto [l, u] = lu_parts(b, lu);
+    out.push_back(l);
+    out.push_back(u);
+  } else {
+    out.push_back(b.zeros(c.odt(1), c.oshape(1)));
+    out.push_back(b.zeros(c.odt(2), c.oshape(2)));
+  }
+  return out;
+}
+
+// linalg_lu_solve(LU, pivots, B, left, adjoint) = X with A X = B (A^T X = B; X A = B when !left)
+V lower_linalg_lu_solve(Ctx& c) {
+  Builder& b = c.b;
+  Shape batch = batch_of(c.oshape());
+  Value lu = to_batch(b, b.convert(c.in(0), c.odt()), batch), rhs = b.convert(c.in(2), c.odt());
+  if (hlo::numel(c.oshape()) == 0 || hlo::numel(lu.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+  Value piv = b.convert(c.in(1), DType::S64);
+  int64_t m = lu.shape()[lu.rank() - 2];
+  std::vector<Value> swaps;
+  Shape pb = batch_of(c.in(0).shape());
+  for (int64_t k = 0; k < piv.shape().back(); ++k) {
+    Shape st(piv.rank(), 0), lim = piv.shape(), one(piv.rank(), 1);
+    st.back() = k;
+    lim.back() = k + 1;
+    swaps.push_back(b.sub(b.reshape(b.slice(piv, st, lim, one), pb), b.constant_int(1, DType::S64, pb)));
+  }
+  Value perm = perm_from_swaps(b, swaps, pb, m);
+  Shape full = batch;
+  full.push_back(m);
+  perm = b.broadcast_to(perm, full);
+  bool left = c.flag_or(3, true), adjoint = c.flag_or(4, false);
+  if (left) return {lu_solve(b, lu, perm, to_batch(b, rhs, batch), adjoint)};
+  // X A = B  <=>  A^T X^T = B^T
+  return {mT(b, lu_solve(b, lu, perm, to_batch(b, mT(b, rhs), batch), !adjoint))};
+}
+
+// _linalg_solve_ex(A, B, left, check) -> (X, LU, pivots, info)
+V lower_linalg_solve_ex(Ctx& c) {
+  Builder& b = c.b;
+  DType t = c.odt(0);
+  Value a = b.convert(c.in(0), t), rhs = b.convert(c.in(1), t);
+  bool left = c.flag_or(2, true);
+  const Shape& xs = c.oshape(0);
+  bool vec = static_cast<int64_t>(xs.size()) == a.rank() - 1;  // B was a (batch of) vector(s)
+  Shape batch = vec ? Shape(xs.begin(), xs.end() - 1) : batch_of(xs);
+  if (hlo::numel(a.shape()) == 0 || hlo::numel(xs) == 0)
+    return {b.zeros(t, xs), b.zeros(t, c.oshape(1)), b.zeros(c.odt(2), c.oshape(2)), b.zeros(c.odt(3), c.oshape(3))};
+  LU f = lu_factor(b, a, true);
+  Shape ab = batch_of(a.shape());
+  Value lu = to_batch(b, f.lu, batch);
+  Shape pfull = batch;
+  pfull.push_back(a.shape().back());
+  Value perm = b.broadcast_to(f.perm, pfull);
+  Value x;
+  if (vec) {
+    Value rb = b.broadcast_to(rhs, xs);
+    Shape col = xs;
+    col.push_back(1);
+    x = b.reshape(lu_solve(b, lu, perm, b.reshape(rb, col), !left), xs);
+  } else if (left) {
+    x = lu_solve(b, lu, perm, to_batch(b, rhs, batch), false);
+  } else {
+    x = mT(b, lu_solve(b, lu, perm, to_batch(b, mT(b, rhs), batch), true));
+  }
+  return {x, f.lu, stack_pivots(b, f.piv, ab, c.odt(2)), b.convert(f.info, c.odt(3))};
+}
+
+// linalg_inv_ex(A, check) -> (A^-1 via LU, info)
+V lower_linalg_inv_ex(Ctx& c) {
+  Builder& b = c.b;
+  Value a = b.convert(c.in(0), c.odt(0));
+  if (hlo::numel(a.shape()) == 0) return {a, b.zeros(c.odt(1), c.oshape(1))};
+  LU f = lu_factor(b, a, true);
+  int64_t r = a.rank();
+  Value eye = b.convert(b.compare(b.iota(DType::S64, a.shape(), r - 2), b.iota(DType::S64, a.shape(), r - 1),
+                                  hlo::Cmp::EQ), a.dtype());
+  return {lu_solve(b, f.lu, f.perm, eye, false), b.convert(f.info, c.odt(1))};
+}
+
+// _linalg_det(A) -> (det = sign(P) prod diag(U), LU, pivots)
+V lower_linalg_det(Ctx& c) {
+  Builder& b = c.b;
+  Value a = b.convert(c.in(0), c.odt(0));
+  Shape batch = batch_of(a.shape());
+  if (hlo::numel(a.shape()) == 0)
+    return {b.constant(1, c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
+  LU f = lu_factor(b, factored(c, a), true);
+  Value d = b.reduce(diag_of(b, f.lu), b.constant(1, a.dtype()), {a.rank() - 2}, "multiply");
+  return {b.mul(d, perm_sign(b, f.piv, batch, a.dtype())), f.lu, stack_pivots(b, f.piv, batch, c.odt(2))};
+}
+
+// _linalg_slogdet(A) -> (sign, log|det|, LU, pivots)
+V lower_linalg_slogdet(Ctx& c) {
+  Builder& b = c.b;
+  Value a = b.convert(c.in(0), c.odt(0));
+  Shape batch = batch_of(a.shape());
+  if (hlo::numel(a.shape()) == 0)
+    return {b.constant(1, c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2)),
+            b.zeros(c.odt(3), c.oshape(3))};
+  LU f = lu_factor(b, factored(c, a), true);
+  Value dg = diag_of(b, f.lu);
+  int64_t last = a.rank() - 2;
+  Value neg = b.reduce(b.convert(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::LT), DType::S64),
+                       b.constant_int(0, DType::S64), {last}, "add");
+  Value odd = b.compare(b.binary("remainder", neg, b.constant_int(2, DType::S64, neg.shape())),
+                        b.zeros(DType::S64, neg.shape()), hlo::Cmp::NE);
+  Value sign = b.mul(perm_sign(b, f.piv, batch, a.dtype()), b.select(odd, b.constant(-1, a.dtype(), batch), b.constant(1, a.dtype(), batch)));
+  Value zero = b.reduce(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {last}, "or");
+  sign = b.select(zero, b.zeros(a.dtype(), batch), sign);
+  Value logabs = b.reduce(b.unary("log", b.unary("abs", dg)), b.zeros(a.dtype(), {}), {last}, "add");
+  return {sign, logabs, f.lu, stack_pivots(b, f.piv, batch, c.odt(3))};
+}
+}  // namespace
+
+void register_linalg() {
+  const std::pair<const char*, Rule> rules[] = {
+      // ---- products
+      {"aten::linalg_cross", lower_linalg_cross},
+      {"aten::mm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kMM, c.odt())}; }},
+      {"aten::bmm", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), kBMM, c.odt())}; }},
+      {"aten::dot", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; }},
+      // vdot(a, b) = sum(conj(a) * b)
+      {"aten::vdot", [](Ctx& c) -> V { return {matmul(c, c.b.conj(c.in(0)), c.in(1), {{}, {}, {0}, {0}}, c.odt())}; }},
+      {"aten::mv", [](Ctx& c) -> V { return {matmul(c, c.in(0), c.in(1), {{}, {}, {1}, {0}}, c.odt())}; }},
+      {"aten::addmm", lower_addmm},
+      {"aten::baddbmm", lower_baddbmm},
+      {"aten::addmv", lower_addmv},
+      {"aten::addbmm", lower_addbmm},
+
+      // ---- factorizations (real matrices only: real_rule)
+      {"aten::linalg_cholesky_ex", real_rule(lower_linalg_cholesky_ex)},
+      // aten::cholesky (deprecated) is linalg_cholesky_ex plus CPU's error check: csrc/aten/kernels.cpp
+      {"aten::linalg_solve_triangular", real_rule(lower_linalg_solve_triangular)},
+      {"aten::triangular_solve", real_rule(lower_triangular_solve)},
+      {"aten::_cholesky_solve_helper", real_rule(lower_cholesky_solve_helper)},
+      {"aten::cholesky_inverse", real_rule(lower_cholesky_inverse)},
+      {"aten::linalg_lu_factor_ex", real_rule(lower_linalg_lu_factor_ex)},
+      {"aten::linalg_lu", real_rule(lower_linalg_lu)},
+      {"aten::lu_unpack", real_rule(lower_lu_unpack)},
+      {"aten::linalg_lu_solve", real_rule(lower_linalg_lu_solve)},
+      {"aten::_linalg_solve_ex", real_rule(lower_linalg_solve_ex)},
+      {"aten::linalg_inv_ex", real_rule(lower_linalg_inv_ex)},
+      {"aten::_linalg_det", real_rule(lower_linalg_det)},
+      {"aten::_linalg_slogdet", real_rule(lower_linalg_slogdet)},
+  };
+  for (auto& [name, rule] : rules) add_rule(name, rule);
 }
 
 }  // namespace tt::lower

@@ -226,6 +226,10 @@ Value keep_dims(Builder& b, Value reduced, const Shape& full, const std::vector<
 // bucketed x its run-time count (means and losses divide by it, never by the padded size).
 Value elements(Builder& b, Value x, const std::vector<int64_t>& dims, DType t, const Shape& shape = {});
 std::vector<int64_t> all_dims(int64_t rank);  // 0 .. rank-1
+// Tap (i, j) of a 2-D window over the last two dims of an already padded input: the strided
+// slice from (i * dil[0], j * dil[1]) with steps `stride`, out_h x out_w elements in those dims.
+Value window_tap(Builder& b, Value xp, int64_t i, int64_t j, const Shape& dil, const Shape& stride, int64_t out_h,
+                 int64_t out_w);
 // A dim's size in index arithmetic: a number, or for a bucketed operand its run-time size
 // (an s64 scalar; `n` is then the bound).
 struct Extent {

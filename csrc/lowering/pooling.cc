@@ -151,228 +151,245 @@ Value im2col(Builder& b, Value x, const std::vector<int64_t>& k, const std::vect
   one.insert(one.end() - 2, 1);  // [.., C, 1, Lh, Lw]
   for (int64_t i = 0; i < k[0]; ++i)
     for (int64_t j = 0; j < k[1]; ++j) {
-      Shape s0(r, 0), lim = xp.shape(), str(r, 1);
-      s0[r - 2] = i * dil[0];
-      s0[r - 1] = j * dil[1];
-      lim[r - 2] = s0[r - 2] + (Lh - 1) * st[0] + 1;
-      lim[r - 1] = s0[r - 1] + (Lw - 1) * st[1] + 1;
-      str[r - 2] = st[0];
-      str[r - 1] = st[1];
-      parts.push_back(b.reshape(b.slice(xp, s0, lim, str), one));
+      parts.push_back(b.reshape(window_tap(b, xp, i, j, dil, st, Lh, Lw), one));
     }
   Value cols = b.concatenate(parts, r - 2);  // [.., C, kh * kw, Lh, Lw]
   return b.reshape(cols, out);
 }
-}  // namespace
 
-void register_pooling() {
-  // max_pool3d_with_indices(x, k, stride, pad, dil, ceil) -> (max over each window, flat index in the
-  // D x H x W plane): the k0 k1 k2 taps as strided slices of the -inf padded input
-  add_rule("aten::max_pool3d_with_indices", [](Ctx& c) -> V {
+// max_pool3d_with_indices(x, k, stride, pad, dil, ceil) -> (max over each window, flat index in the
+// D x H x W plane): the k0 k1 k2 taps as strided slices of the -inf padded input
+V lower_max_pool3d_with_indices(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  int64_t r = x.rank();
+  auto fill = [](const std::vector<int64_t>& v, int64_t dflt) {
+    Shape s(3, dflt);
+    for (size_t i = 0; i < 3 && !v.empty(); ++i) s[i] = v.size() == 1 ? v[0] : v[i];
+    return s;
+  };
+  Shape k = fill(c.ints(1), 1);
+  Shape st = c.ints(2).empty() ? k : fill(c.ints(2), 1);
+  Shape p = fill(c.ints(3), 0), d = fill(c.ints(4), 1);
+  const Shape& out = c.oshape(0);
+  if (hlo::numel(out) == 0) return {b.zeros(c.odt(0), out), b.zeros(c.odt(1), c.oshape(1))};
+  Shape in_sz(x.shape().end() - 3, x.shape().end()), o(out.end() - 3, out.end());
+  Shape lo(r, 0), hi(r, 0), interior(r, 0);
+  for (int i = 0; i < 3; ++i) {
+    lo[r - 3 + i] = p[i];
+    hi[r - 3 + i] = std::max<int64_t>(0, (o[i] - 1) * st[i] + d[i] * (k[i] - 1) + 1 - in_sz[i] - p[i]);
+  }
+  Value xp = b.pad(x, b.lowest(x.dtype()), lo, hi, interior);
+  Value best, bidx;
+  for (int64_t i = 0; i < k[0]; ++i)
+    for (int64_t j = 0; j < k[1]; ++j)
+      for (int64_t l = 0; l < k[2]; ++l) {
+        int64_t tap[3] = {i, j, l};
+        Shape s0(r, 0), lim = xp.shape(), step(r, 1);
+        Value flat = b.constant_int(0, DType::S64, o);
+        for (int q = 0; q < 3; ++q) {
+          s0[r - 3 + q] = tap[q] * d[q];
+          lim[r - 3 + q] = s0[r - 3 + q] + (o[q] - 1) * st[q] + 1;
+          step[r - 3 + q] = st[q];
+          Value pos = b.add(b.mul(b.iota(DType::S64, o, q), b.constant_int(st[q], DType::S64, o)),
+                            b.constant_int(tap[q] * d[q] - p[q], DType::S64, o));
+          flat = b.add(b.mul(flat, b.constant_int(in_sz[q], DType::S64, o)), pos);
+        }
+        Value cand = b.slice(xp, s0, lim, step);
+        flat = b.broadcast_in_dim(flat, cand.shape(), {r - 3, r - 2, r - 1});
+        if (!best.valid()) {
+          best = cand;
+          bidx = flat;
+          continue;
+        }
+        Value take = b.binary("or", b.compare(cand, best, hlo::Cmp::GT),
+                              b.binary("and", b.compare(cand, cand, hlo::Cmp::NE), b.compare(best, best, hlo::Cmp::EQ)));
+        best = b.select(take, cand, best);
+        bidx = b.select(take, flat, bidx);
+      }
+  return {best, bidx};
+}
+V lower_max_pool3d_with_indices_backward(Ctx& c) {
+  Builder& b = c.b;
+  Value g = b.convert(c.in(0), compute_type(c.odt()));
+  if (hlo::numel(g.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+  return {b.convert(unpool_planes(b, g, c.in(7), c.oshape(), 3, true), c.odt())};
+}
+// _cdist_forward(x1 [.., P, M], x2 [.., R, M], p) = p-norm distances [.., P, R]
+V lower_cdist_forward(Ctx& c) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  const Shape& out = c.oshape();
+  if (hlo::numel(out) == 0) return {b.zeros(c.odt(), out)};
+  Value x1 = c.in(0), x2 = c.in(1);
+  int64_t m = x1.shape().back(), r = static_cast<int64_t>(out.size());
+  Shape full = out;
+  full.push_back(m);  // [.., P, R, M]
+  Shape b1(out.begin(), out.end() - 2), b2 = b1;
+  b1.insert(b1.end(), {x1.shape()[x1.rank() - 2], m});
+  b2.insert(b2.end(), {x2.shape()[x2.rank() - 2], m});
+  std::vector<int64_t> d1, d2;
+  for (int64_t i = 0; i < r - 2; ++i) {
+    d1.push_back(i);
+    d2.push_back(i);
+  }
+  d1.insert(d1.end(), {r - 2, r});
+  d2.insert(d2.end(), {r - 1, r});
+  Value a = b.broadcast_in_dim(b.broadcast_to(b.convert(x1, t), b1), full, d1);
+  Value e = b.broadcast_in_dim(b.broadcast_to(b.convert(x2, t), b2), full, d2);
+  Value diff = b.unary("abs", b.sub(a, e));
+  double p = c.num(2);
+  Value dist;
+  if (std::isinf(p)) {
+    dist = b.reduce(diff, b.zeros(t, {}), {r}, "maximum");
+  } else if (p == 0) {
+    dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {r}, "add");
+  } else if (p == 1) {
+    dist = b.reduce(diff, b.zeros(t, {}), {r}, "add");
+  } else if (p == 2) {
+    dist = b.unary("sqrt", b.reduce(b.mul(diff, diff), b.zeros(t, {}), {r}, "add"));
+  } else {
+    Value s = b.reduce(b.binary("power", diff, b.constant(p, t, full)), b.zeros(t, {}), {r}, "add");
+    dist = b.binary("power", s, b.constant(1.0 / p, t, s.shape()));
+  }
+  return {b.convert(dist, c.odt())};
+}
+// _pdist_forward(x [N, M], p) = the p-norm distances of the pairs i < j, row-major
+V lower_pdist_forward(Ctx& c) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  Value x = b.convert(c.in(0), t);
+  int64_t n = x.shape()[0], m = x.shape()[1], k = hlo::numel(c.oshape());
+  if (k == 0) return {b.zeros(c.odt(), c.oshape())};
+  std::vector<int64_t> ii, jj;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i + 1; j < n; ++j) {
+      ii.push_back(i);
+      jj.push_back(j);
+    }
+  Value a = b.take(x, b.constant_array(ii, DType::S64), 0), e = b.take(x, b.constant_array(jj, DType::S64), 0);
+  Value diff = b.unary("abs", b.sub(a, e));  // [k, M]
+  double p = c.num_or(1, 2.0);
+  Shape full{k, m};
+  Value dist;
+  if (std::isinf(p)) dist = b.reduce(diff, b.zeros(t, {}), {1}, "maximum");
+  else if (p == 0) dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {1}, "add");
+  else if (p == 1) dist = b.reduce(diff, b.zeros(t, {}), {1}, "add");
+  else if (p == 2) dist = b.unary("sqrt", b.reduce(b.mul(diff, diff), b.zeros(t, {}), {1}, "add"));
+  else {
+    Value s = b.reduce(b.binary("power", diff, b.constant(p, t, full)), b.zeros(t, {}), {1}, "add");
+    dist = b.binary("power", s, b.constant(1.0 / p, t, s.shape()));
+  }
+  return {b.convert(dist, c.odt())};
+}
+// adaptive_max_pool{2,3}d -> (max over each window, its flat index in the input plane)
+Rule adaptive_max_pool(int64_t k) {
+  return [k](Ctx& c) -> V {
     Builder& b = c.b;
     Value x = c.in(0);
-    int64_t r = x.rank();
-    auto fill = [](const std::vector<int64_t>& v, int64_t dflt) {
-      Shape s(3, dflt);
-      for (size_t i = 0; i < 3 && !v.empty(); ++i) s[i] = v.size() == 1 ? v[0] : v[i];
-      return s;
-    };
-    Shape k = fill(c.ints(1), 1);
-    Shape st = c.ints(2).empty() ? k : fill(c.ints(2), 1);
-    Shape p = fill(c.ints(3), 0), d = fill(c.ints(4), 1);
-    const Shape& out = c.oshape(0);
-    if (hlo::numel(out) == 0) return {b.zeros(c.odt(0), out), b.zeros(c.odt(1), c.oshape(1))};
-    Shape in_sz(x.shape().end() - 3, x.shape().end()), o(out.end() - 3, out.end());
-    Shape lo(r, 0), hi(r, 0), interior(r, 0);
-    for (int i = 0; i < 3; ++i) {
-      lo[r - 3 + i] = p[i];
-      hi[r - 3 + i] = std::max<int64_t>(0, (o[i] - 1) * st[i] + d[i] * (k[i] - 1) + 1 - in_sz[i] - p[i]);
-    }
-    Value xp = b.pad(x, b.lowest(x.dtype()), lo, hi, interior);
-    Value best, bidx;
-    for (int64_t i = 0; i < k[0]; ++i)
-      for (int64_t j = 0; j < k[1]; ++j)
-        for (int64_t l = 0; l < k[2]; ++l) {
-          int64_t tap[3] = {i, j, l};
-          Shape s0(r, 0), lim = xp.shape(), step(r, 1);
-          Value flat = b.constant_int(0, DType::S64, o);
-          for (int q = 0; q < 3; ++q) {
-            s0[r - 3 + q] = tap[q] * d[q];
-            lim[r - 3 + q] = s0[r - 3 + q] + (o[q] - 1) * st[q] + 1;
-            step[r - 3 + q] = st[q];
-            Value pos = b.add(b.mul(b.iota(DType::S64, o, q), b.constant_int(st[q], DType::S64, o)),
-                              b.constant_int(tap[q] * d[q] - p[q], DType::S64, o));
-            flat = b.add(b.mul(flat, b.constant_int(in_sz[q], DType::S64, o)), pos);
-          }
-          Value cand = b.slice(xp, s0, lim, step);
-          flat = b.broadcast_in_dim(flat, cand.shape(), {r - 3, r - 2, r - 1});
-          if (!best.valid()) {
-            best = cand;
-            bidx = flat;
-            continue;
-          }
-          Value take = b.binary("or", b.compare(cand, best, hlo::Cmp::GT),
-                                b.binary("and", b.compare(cand, cand, hlo::Cmp::NE), b.compare(best, best, hlo::Cmp::EQ)));
-          best = b.select(take, cand, best);
-          bidx = b.select(take, flat, bidx);
-        }
-    return {best, bidx};
-  });
-  add_rule("aten::max_pool3d_with_indices_backward", [](Ctx& c) -> V {
+    if (hlo::numel(c.oshape(0)) == 0 || hlo::numel(x.shape()) == 0)
+      return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1))};
+    return adaptive_max(b, x, c.oshape(0), k);
+  };
+}
+// adaptive_max_pool backward: g added at the recorded positions
+Rule adaptive_max_pool_backward(int64_t k) {
+  return [k](Ctx& c) -> V {
     Builder& b = c.b;
     Value g = b.convert(c.in(0), compute_type(c.odt()));
     if (hlo::numel(g.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-    return {b.convert(unpool_planes(b, g, c.in(7), c.oshape(), 3, true), c.odt())};
-  });
-  // _cdist_forward(x1 [.., P, M], x2 [.., R, M], p) = p-norm distances [.., P, R]
-  add_rule("aten::_cdist_forward", [](Ctx& c) -> V {
+    return {b.convert(unpool_planes(b, g, c.in(2), c.oshape(), k, true), c.odt())};
+  };
+}
+// max_unpool{2,3}d(x, idx, size, ...) = zeros of `size` per plane with x written at idx
+Rule max_unpool(int64_t k) {
+  return [k](Ctx& c) -> V {
     Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    const Shape& out = c.oshape();
-    if (hlo::numel(out) == 0) return {b.zeros(c.odt(), out)};
-    Value x1 = c.in(0), x2 = c.in(1);
-    int64_t m = x1.shape().back(), r = static_cast<int64_t>(out.size());
-    Shape full = out;
-    full.push_back(m);  // [.., P, R, M]
-    Shape b1(out.begin(), out.end() - 2), b2 = b1;
-    b1.insert(b1.end(), {x1.shape()[x1.rank() - 2], m});
-    b2.insert(b2.end(), {x2.shape()[x2.rank() - 2], m});
-    std::vector<int64_t> d1, d2;
-    for (int64_t i = 0; i < r - 2; ++i) {
-      d1.push_back(i);
-      d2.push_back(i);
+    Value x = b.convert(c.in(0), c.odt());
+    if (hlo::numel(x.shape()) == 0 || hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+    return {unpool_planes(b, x, c.in(1), c.oshape(), k, false)};
+  };
+}
+// im2col(x, k, dilation, padding, stride) = the k-windows of x as columns
+V lower_im2col(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
+  return {im2col(b, x, c.ints(1), c.ints(2), c.ints(3), c.ints(4), c.oshape())};
+}
+// col2im(cols, size, k, dilation, padding, stride) = each column entry added back at its position
+V lower_col2im(Ctx& c) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  Value cols = b.convert(c.in(0), t);
+  auto size = c.ints(1), k = c.ints(2), dil = c.ints(3), pad = c.ints(4), st = c.ints(5);
+  const Shape& out = c.oshape();
+  if (hlo::numel(out) == 0 || hlo::numel(cols.shape()) == 0) return {b.zeros(c.odt(), out)};
+  int64_t r = static_cast<int64_t>(out.size());
+  int64_t H = size[0] + 2 * pad[0], W = size[1] + 2 * pad[1];
+  int64_t Lh = (H - (dil[0] * (k[0] - 1) + 1)) / st[0] + 1, Lw = (W - (dil[1] * (k[1] - 1) + 1)) / st[1] + 1;
+  Shape lead(out.begin(), out.end() - 2);  // [.., C]
+  Shape cs = lead;
+  cs.insert(cs.end(), {k[0] * k[1], Lh, Lw});
+  Value blocks = b.reshape(cols, cs);
+  Shape padded = lead;
+  padded.insert(padded.end(), {H, W});
+  Value acc = b.zeros(t, padded);
+  for (int64_t i = 0; i < k[0]; ++i)
+    for (int64_t j = 0; j < k[1]; ++j) {
+      Shape s0(r + 1, 0), lim = cs, one(r + 1, 1);
+      s0[r - 2] = i * k[1] + j;
+      lim[r - 2] = s0[r - 2] + 1;
+      Value blk = b.reshape(b.slice(blocks, s0, lim, one), [&] {
+        Shape s = lead;
+        s.insert(s.end(), {Lh, Lw});
+        return s;
+      }());
+      // place blk[a, b] at (i*dil + a*stride, j*dil + b*stride): interior padding spreads it
+      Shape lo(r, 0), hi(r, 0), in(r, 0);
+      lo[r - 2] = i * dil[0];
+      lo[r - 1] = j * dil[1];
+      in[r - 2] = st[0] - 1;
+      in[r - 1] = st[1] - 1;
+      hi[r - 2] = H - lo[r - 2] - ((Lh - 1) * st[0] + 1);
+      hi[r - 1] = W - lo[r - 1] - ((Lw - 1) * st[1] + 1);
+      acc = b.add(acc, b.pad(blk, b.zeros(t, {}), lo, hi, in));
     }
-    d1.insert(d1.end(), {r - 2, r});
-    d2.insert(d2.end(), {r - 1, r});
-    Value a = b.broadcast_in_dim(b.broadcast_to(b.convert(x1, t), b1), full, d1);
-    Value e = b.broadcast_in_dim(b.broadcast_to(b.convert(x2, t), b2), full, d2);
-    Value diff = b.unary("abs", b.sub(a, e));
-    double p = c.num(2);
-    Value dist;
-    if (std::isinf(p)) {
-      dist = b.reduce(diff, b.zeros(t, {}), {r}, "maximum");
-    } else if (p == 0) {
-      dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {r}, "add");
-    } else if (p == 1) {
-      dist = b.reduce(diff, b.zeros(t, {}), {r}, "add");
-    } else if (p == 2) {
-      dist = b.unary("sqrt", b.reduce(b.mul(diff, diff), b.zeros(t, {}), {r}, "add"));
-    } else {
-      Value s = b.reduce(b.binary("power", diff, b.constant(p, t, full)), b.zeros(t, {}), {r}, "add");
-      dist = b.binary("power", s, b.constant(1.0 / p, t, s.shape()));
-    }
-    return {b.convert(dist, c.odt())};
-  });
-  // _pdist_forward(x [N, M], p) = the p-norm distances of the pairs i < j, row-major
-  add_rule("aten::_pdist_forward", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = b.convert(c.in(0), t);
-    int64_t n = x.shape()[0], m = x.shape()[1], k = hlo::numel(c.oshape());
-    if (k == 0) return {b.zeros(c.odt(), c.oshape())};
-    std::vector<int64_t> ii, jj;
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = i + 1; j < n; ++j) {
-        ii.push_back(i);
-        jj.push_back(j);
-      }
-    Value a = b.take(x, b.constant_array(ii, DType::S64), 0), e = b.take(x, b.constant_array(jj, DType::S64), 0);
-    Value diff = b.unary("abs", b.sub(a, e));  // [k, M]
-    double p = c.num_or(1, 2.0);
-    Shape full{k, m};
-    Value dist;
-    if (std::isinf(p)) dist = b.reduce(diff, b.zeros(t, {}), {1}, "maximum");
-    else if (p == 0) dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {1}, "add");
-    else if (p == 1) dist = b.reduce(diff, b.zeros(t, {}), {1}, "add");
-    else if (p == 2) dist = b.unary("sqrt", b.reduce(b.mul(diff, diff), b.zeros(t, {}), {1}, "add"));
-    else {
-      Value s = b.reduce(b.binary("power", diff, b.constant(p, t, full)), b.zeros(t, {}), {1}, "add");
-      dist = b.binary("power", s, b.constant(1.0 / p, t, s.shape()));
-    }
-    return {b.convert(dist, c.odt())};
-  });
-  // adaptive_avg_pool{1,2,3}d: per pooled dim, a matrix of window means
-  add_rule("aten::_adaptive_avg_pool2d", [](Ctx& c) -> V { return adaptive_avg_rule(c, 2); });
-  add_rule("aten::_adaptive_avg_pool3d", [](Ctx& c) -> V { return adaptive_avg_rule(c, 3); });
-  add_rule("aten::_adaptive_avg_pool2d_backward", [](Ctx& c) -> V { return adaptive_avg_back_rule(c, 2); });
-  add_rule("aten::_adaptive_avg_pool3d_backward", [](Ctx& c) -> V { return adaptive_avg_back_rule(c, 3); });
-  // adaptive_max_pool{2,3}d -> (max over each window, its flat index in the input plane)
-  for (int64_t k : {2, 3})
-    add_rule(k == 2 ? "aten::adaptive_max_pool2d" : "aten::adaptive_max_pool3d", [k](Ctx& c) -> V {
-      Builder& b = c.b;
-      Value x = c.in(0);
-      if (hlo::numel(c.oshape(0)) == 0 || hlo::numel(x.shape()) == 0)
-        return {b.zeros(c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1))};
-      return adaptive_max(b, x, c.oshape(0), k);
-    });
-  // adaptive_max_pool backward: g added at the recorded positions
-  for (int64_t k : {2, 3})
-    add_rule(k == 2 ? "aten::adaptive_max_pool2d_backward" : "aten::adaptive_max_pool3d_backward", [k](Ctx& c) -> V {
-      Builder& b = c.b;
-      Value g = b.convert(c.in(0), compute_type(c.odt()));
-      if (hlo::numel(g.shape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-      return {b.convert(unpool_planes(b, g, c.in(2), c.oshape(), k, true), c.odt())};
-    });
-  // max_unpool{2,3}d(x, idx, size, ...) = zeros of `size` per plane with x written at idx
-  for (int64_t k : {2, 3})
-    add_rule(k == 2 ? "aten::max_unpool2d" : "aten::max_unpool3d", [k](Ctx& c) -> V {
-      Builder& b = c.b;
-      Value x = b.convert(c.in(0), c.odt());
-      if (hlo::numel(x.shape()) == 0 || hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-      return {unpool_planes(b, x, c.in(1), c.oshape(), k, false)};
-    });
-  // im2col(x, k, dilation, padding, stride) = the k-windows of x as columns
-  add_rule("aten::im2col", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    if (hlo::numel(c.oshape()) == 0) return {b.zeros(c.odt(), c.oshape())};
-    return {im2col(b, x, c.ints(1), c.ints(2), c.ints(3), c.ints(4), c.oshape())};
-  });
-  // col2im(cols, size, k, dilation, padding, stride) = each column entry added back at its position
-  add_rule("aten::col2im", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value cols = b.convert(c.in(0), t);
-    auto size = c.ints(1), k = c.ints(2), dil = c.ints(3), pad = c.ints(4), st = c.ints(5);
-    const Shape& out = c.oshape();
-    if (hlo::numel(out) == 0 || hlo::numel(cols.shape()) == 0) return {b.zeros(c.odt(), out)};
-    int64_t r = static_cast<int64_t>(out.size());
-    int64_t H = size[0] + 2 * pad[0], W = size[1] + 2 * pad[1];
-    int64_t Lh = (H - (dil[0] * (k[0] - 1) + 1)) / st[0] + 1, Lw = (W - (dil[1] * (k[1] - 1) + 1)) / st[1] + 1;
-    Shape lead(out.begin(), out.end() - 2);  // [.., C]
-    Shape cs = lead;
-    cs.insert(cs.end(), {k[0] * k[1], Lh, Lw});
-    Value blocks = b.reshape(cols, cs);
-    Shape padded = lead;
-    padded.insert(padded.end(), {H, W});
-    Value acc = b.zeros(t, padded);
-    for (int64_t i = 0; i < k[0]; ++i)
-      for (int64_t j = 0; j < k[1]; ++j) {
-        Shape s0(r + 1, 0), lim = cs, one(r + 1, 1);
-        s0[r - 2] = i * k[1] + j;
-        lim[r - 2] = s0[r - 2] + 1;
-        Value blk = b.reshape(b.slice(blocks, s0, lim, one), [&] {
-          Shape s = lead;
-          s.insert(s.end(), {Lh, Lw});
-          return s;
-        }());
-        // place blk[a, b] at (i*dil + a*stride, j*dil + b*stride): interior padding spreads it
-        Shape lo(r, 0), hi(r, 0), in(r, 0);
-        lo[r - 2] = i * dil[0];
-        lo[r - 1] = j * dil[1];
-        in[r - 2] = st[0] - 1;
-        in[r - 1] = st[1] - 1;
-        hi[r - 2] = H - lo[r - 2] - ((Lh - 1) * st[0] + 1);
-        hi[r - 1] = W - lo[r - 1] - ((Lw - 1) * st[1] + 1);
-        acc = b.add(acc, b.pad(blk, b.zeros(t, {}), lo, hi, in));
-      }
-    Shape s0(r, 0), lim = padded, one(r, 1);
-    s0[r - 2] = pad[0];
-    s0[r - 1] = pad[1];
-    lim[r - 2] = pad[0] + size[0];
-    lim[r - 1] = pad[1] + size[1];
-    return {b.convert(b.slice(acc, s0, lim, one), c.odt())};
-  });
+  Shape s0(r, 0), lim = padded, one(r, 1);
+  s0[r - 2] = pad[0];
+  s0[r - 1] = pad[1];
+  lim[r - 2] = pad[0] + size[0];
+  lim[r - 1] = pad[1] + size[1];
+  return {b.convert(b.slice(acc, s0, lim, one), c.odt())};
+}
+}  // namespace
+
+void register_pooling() {
+  const std::pair<const char*, Rule> rules[] = {
+      // max pooling over 3 dims and its backward
+      {"aten::max_pool3d_with_indices", lower_max_pool3d_with_indices},
+      {"aten::max_pool3d_with_indices_backward", lower_max_pool3d_with_indices_backward},
+      // distances
+      {"aten::_cdist_forward", lower_cdist_forward},
+      {"aten::_pdist_forward", lower_pdist_forward},
+      // adaptive_avg_pool{1,2,3}d: per pooled dim, a matrix of window means
+      {"aten::_adaptive_avg_pool2d", [](Ctx& c) -> V { return adaptive_avg_rule(c, 2); }},
+      {"aten::_adaptive_avg_pool3d", [](Ctx& c) -> V { return adaptive_avg_rule(c, 3); }},
+      {"aten::_adaptive_avg_pool2d_backward", [](Ctx& c) -> V { return adaptive_avg_back_rule(c, 2); }},
+      {"aten::_adaptive_avg_pool3d_backward", [](Ctx& c) -> V { return adaptive_avg_back_rule(c, 3); }},
+      // adaptive max pooling and its backward
+      {"aten::adaptive_max_pool2d", adaptive_max_pool(2)},
+      {"aten::adaptive_max_pool3d", adaptive_max_pool(3)},
+      {"aten::adaptive_max_pool2d_backward", adaptive_max_pool_backward(2)},
+      {"aten::adaptive_max_pool3d_backward", adaptive_max_pool_backward(3)},
+      // unpooling
+      {"aten::max_unpool2d", max_unpool(2)},
+      {"aten::max_unpool3d", max_unpool(3)},
+      // im2col / col2im
+      {"aten::im2col", lower_im2col},
+      {"aten::col2im", lower_col2im},
+  };
+  for (auto& [name, rule] : rules) add_rule(name, rule);
 }
 
 }  // namespace tt::lower

@@ -121,216 +121,272 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
   return {var, mean};
 }
 
+// ---- rule bodies (registered in register_reduction below)
+
+V lower_nansum(Ctx& c) {
+  Value x = acc_input(c, 0, c.odt());
+  Value clean = c.b.select(c.b.compare(x, x, hlo::Cmp::NE), c.b.zeros(x.dtype(), x.shape()), x);
+  return {c.b.reduce(clean, c.b.zeros(x.dtype(), {}), reduce_dims(c, 1, x.rank()), "add")};
+}
+
+// prod(x, dims); dim argument at `dim_arg`
+Rule prod_like(size_t dim_arg) {
+  return [dim_arg](Ctx& c) -> V {
+    Value x = acc_input(c, 0, c.odt());
+    return {c.b.reduce(x, c.b.constant(1, x.dtype()), reduce_dims(c, dim_arg, x.rank()), "multiply")};
+  };
+}
+
+// var_mean / std_mean -> (var or std, mean)
+V lower_var_mean(Ctx& c) {
+  auto [v, m] = var_mean(c, 1, 2);
+  return {v, m};
+}
+
+V lower_std_mean(Ctx& c) {
+  auto [v, m] = var_mean(c, 1, 2);
+  return {c.b.unary("sqrt", v), m};
+}
+
+// all / any: reduce the "is nonzero" predicate with and / or
+Rule all_any(bool is_all, const char* ov) {
+  return [is_all, ov](Ctx& c) -> V {
+    // out= of another dtype: CPU's error (the Meta kernel casts instead); bool and uint8 results only
+    if (c.odt() != DType::Pred && c.odt() != DType::U8)
+      throw UserError(std::string(is_all ? "all" : "any") + " only supports bool tensor for result, got: " +
+                      torch_dtype_name(c.odt()));
+    Value x = c.in(0);
+    Value p = x.dtype() == DType::Pred ? x : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE);
+    auto dims = std::string(ov).empty() ? reduce_dims(c, 99, x.rank()) : reduce_dims(c, 1, x.rank());
+    return {c.b.reduce(p, c.b.constant_int(is_all ? 1 : 0, DType::Pred), dims, is_all ? "and" : "or")};
+  };
+}
+
+// logsumexp(x) = m + log(sum(exp(x - m))), m = max (0 where infinite)
+V lower_logsumexp(Ctx& c) {
+  Builder& b = c.b;
+  if (hlo::is_complex(c.in(0).dtype())) throw Unsupported("logsumexp of a complex tensor");
+  Value x = b.convert(c.in(0), compute_type(c.odt()));
+  auto dims = reduce_dims(c, 1, x.rank());
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
+  Value m = b.reduce(x, b.lowest(x.dtype()), dims, "maximum");
+  m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(m.dtype(), m.shape()));
+  Value mb = b.broadcast_in_dim(keep_dims(b, m, x.shape(), dims), x.shape(), all);
+  Value s = b.reduce(b.unary("exponential", b.sub(x, mb)), b.zeros(x.dtype(), {}), dims, "add");
+  return {b.add(b.unary("log", s), m)};
+}
+
+// legacy norm(x, p?, dim?, keepdim, dtype?): the same vector norm
+Rule legacy_norm(size_t dim_arg) {
+  return [dim_arg](Ctx& c) -> V { return {vector_norm(c, 1, dim_arg)}; };
+}
+
+// count_nonzero(x, dims) = sum(x != 0) over dims (int64)
+V lower_count_nonzero(Ctx& c) {
+  Value x = c.in(0);
+  Value nz = c.b.convert(c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), DType::S64);
+  return {c.b.reduce(nz, c.b.zeros(DType::S64, {}), reduce_dims(c, 1, x.rank()), "add")};
+}
+
+// aminmax(x, dim?, keepdim) = (amin, amax), NaN where the reduced slice has a NaN
+// (the CPU plugin's min/max reductions skip NaNs)
+V lower_aminmax(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  if (c.odt(0) != x.dtype() || c.odt(1) != x.dtype())  // out= tensors of another dtype: CPU rejects them
+    throw UserError("aminmax: expected out tensors of the input's dtype");
+  auto dims = reduce_dims(c, 1, x.rank());
+  return {reduce_extreme(b, x, dims, false), reduce_extreme(b, x, dims, true)};
+}
+
+// trace(x) = sum of x[i, i]
+V lower_trace(Ctx& c) {
+  Builder& b = c.b;
+  Value x = c.in(0);
+  DType t = compute_type(c.odt());
+  Value diag = b.compare(b.iota(DType::S64, x.shape(), 0), b.iota(DType::S64, x.shape(), 1), hlo::Cmp::EQ);
+  Value v = b.select(diag, b.convert(x, t), b.zeros(t, x.shape()));
+  return {b.convert(b.reduce(v, b.zeros(t, {}), {0, 1}, "add"), c.odt())};
+}
+
+// renorm(x, p, dim, maxnorm): each slice along dim with p-norm > maxnorm scaled by maxnorm / (norm + 1e-7)
+V lower_renorm(Ctx& c) {
+  Builder& b = c.b;
+  if (hlo::is_complex(c.in(0).dtype())) throw Unsupported("renorm of a complex tensor");
+  DType t = compute_type(c.odt());
+  Value x = b.convert(c.in(0), t);
+  if (x.rank() == 0) throw Unsupported("renorm of a 0-dim tensor");
+  int64_t dim = wrap_dim(c.int_(2), x.rank());
+  std::vector<int64_t> others;
+  for (int64_t d = 0; d < x.rank(); ++d)
+    if (d != dim) others.push_back(d);
+  double p = c.num(1);
+  Value a = b.unary("abs", x);
+  Value norm;
+  if (std::isinf(p)) {
+    norm = reduce_extreme(b, a, others, p > 0);
+  } else if (p == 0) {
+    norm = b.reduce(b.convert(b.compare(a, b.zeros(t, a.shape()), hlo::Cmp::NE), t), b.zeros(t, {}), others, "add");
+  } else {
+    Value pw = b.binary("power", a, b.constant(p, t, a.shape()));
+    Value sm = b.reduce(pw, b.zeros(t, {}), others, "add");
+    norm = b.binary("power", sm, b.constant(1.0 / p, t, sm.shape()));
+  }
+  Value maxn = b.broadcast_to(c.scalar(3, t), norm.shape());
+  Value factor = b.select(b.compare(norm, maxn, hlo::Cmp::GT),
+                          b.div(maxn, b.add(norm, b.constant(1e-7, t, norm.shape()))), b.constant(1, t, norm.shape()));
+  return {b.convert(b.mul(x, b.broadcast_in_dim(factor, x.shape(), {dim})), c.odt())};
+}
+
+// logcumsumexp(x, dim) = m + log(cumsum(exp(x - m))), m = max over the dim (0 where not finite)
+V lower_logcumsumexp(Ctx& c) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  Value x = b.convert(c.in(0), t);
+  int64_t dim = wrap_dim(c.int_(1), x.rank());
+  // complex: CPU scans log(e^a + e^b) pairwise, whose imaginary part is not
+  // reduced to (-pi, pi]; not lowered
+  if (hlo::is_complex(t)) throw Unsupported("logcumsumexp of a complex tensor");
+  if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
+  Value m = b.reduce(x, b.lowest(t), {dim}, "maximum");
+  m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(t, m.shape()));
+  Value mb = b.broadcast_in_dim(m, x.shape(), [&] {
+    std::vector<int64_t> d;
+    for (int64_t i = 0; i < x.rank(); ++i)
+      if (i != dim) d.push_back(i);
+    return d;
+  }());
+  int64_t n = x.shape()[dim];
+  Shape window(x.rank(), 1), strides(x.rank(), 1);
+  window[dim] = n;
+  std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
+  pad[dim] = {n - 1, 0};
+  Value cs = b.reduce_window(b.unary("exponential", b.sub(x, mb)), b.zeros(t, {}), window, strides, pad, "add");
+  return {b.convert(b.add(b.unary("log", cs), mb), c.odt())};
+}
+
+// isin(e, t, assume_unique, invert) = any(e[..., None] == flat(t)) (xor invert); one
+// side may be a Python number
+V lower_isin(Ctx& c) {
+  Builder& b = c.b;
+  auto dtype = [&](size_t i) {
+    const Arg& a = c.arg(i);
+    if (a.kind == Arg::Tensor) return a.tensor.dtype();
+    return a.scalar_is_bool ? DType::Pred : a.scalar_is_int ? DType::S64 : DType::F32;
+  };
+  bool s0 = c.arg(0).kind != Arg::Tensor, s1 = c.arg(1).kind != Arg::Tensor;
+  DType t = promote(dtype(0), dtype(1));
+  if (s0 || s1) {  // a Python number only raises the category (to its default type)
+    auto cat = [](DType d) { return d == DType::Pred ? 0 : hlo::is_int(d) ? 1 : hlo::is_float(d) ? 2 : 3; };
+    DType tt = dtype(s0 ? 1 : 0), st = dtype(s0 ? 0 : 1);
+    t = cat(st) > cat(tt) ? st : tt;
+  }
+  Shape es = c.oshape();
+  int64_t m = s1 ? 1 : hlo::numel(c.in(1).shape());
+  Value e = c.in_as(0, t, es);
+  Value tv = s1 ? c.in_as(1, t, {1}) : b.reshape(b.convert(c.in(1), t), {m});
+  Shape full = es;
+  full.push_back(m);
+  std::vector<int64_t> edims;
+  for (size_t i = 0; i < es.size(); ++i) edims.push_back(static_cast<int64_t>(i));
+  Value eq = b.compare(b.broadcast_in_dim(e, full, edims), b.broadcast_in_dim(tv, full, {int64_t(es.size())}),
+                       hlo::Cmp::EQ);
+  Value r = b.reduce(eq, b.constant_int(0, DType::Pred), {int64_t(es.size())}, "or");
+  return {c.flag_or(3, false) ? b.unary("not", r) : r};
+}
+
+// cummax(x, dim) = (v, i): v = running max, NaN from the first NaN on; i =
+// running max of (hit ? position : -1), hit = (NaN seen ? isnan(x) : x == v): the
+// last position holding the running maximum (ties take the later one, as on
+// CPU). cummin alike. (Registered as cummax itself: CPU's _cummax_helper has
+// no Meta kernel.)
+Rule cummax_cummin(bool is_max) {
+  return [is_max](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = c.in(0);
+    if (x.dtype() == DType::Pred) throw Unsupported("cummax/cummin of bool");
+    if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
+    int64_t dim = wrap_dim(c.int_(1), x.rank());
+    Value init = is_max ? b.lowest(x.dtype()) : b.highest(x.dtype());
+    Value v = running(b, x, dim, init, is_max ? "maximum" : "minimum");
+    Value hit = b.compare(x, v, hlo::Cmp::EQ);
+    if (hlo::is_float(x.dtype())) {  // the CPU plugin's max/min windows skip NaNs
+      Value isnan = b.compare(x, x, hlo::Cmp::NE);
+      Value seen = running(b, isnan, dim, b.constant_int(0, DType::Pred), "or");
+      v = b.select(seen, b.constant(NAN, x.dtype(), x.shape()), v);
+      hit = b.select(seen, isnan, hit);
+    }
+    Value pos = b.select(hit, b.iota(DType::S64, x.shape(), dim), b.constant_int(-1, DType::S64, x.shape()));
+    return {v, running(b, pos, dim, b.constant_int(-1, DType::S64), "maximum")};
+  };
+}
+
+// cumsum / cumprod along dim
+Rule cumsum_cumprod(bool is_prod) {
+  return [is_prod](Ctx& c) -> V {
+    Builder& b = c.b;
+    Value x = b.convert(c.in(0), compute_type(c.odt()));
+    if (x.rank() == 0) return {x};
+    Value init = b.constant(is_prod ? 1 : 0, x.dtype());
+    return {running(b, x, wrap_dim(c.int_(1), x.rank()), init, is_prod ? "multiply" : "add")};
+  };
+}
+
 }  // namespace
 
 void register_reduction() {
-  add_rule("aten::sum", sum_like(99, false));
-  add_rule("aten::sum.dim_IntList", sum_like(1, false));
-  add_rule("aten::mean", sum_like(99, true));
-  add_rule("aten::mean.dim", sum_like(1, true));
-  add_rule("aten::nansum", [](Ctx& c) -> V {
-    Value x = acc_input(c, 0, c.odt());
-    Value clean = c.b.select(c.b.compare(x, x, hlo::Cmp::NE), c.b.zeros(x.dtype(), x.shape()), x);
-    return {c.b.reduce(clean, c.b.zeros(x.dtype(), {}), reduce_dims(c, 1, x.rank()), "add")};
-  });
-  for (auto [n, dim_arg] : {std::pair{"aten::prod", size_t(99)}, {"aten::prod.dim_int", size_t(1)}})
-    add_rule(n, [dim_arg = dim_arg](Ctx& c) -> V {
-      Value x = acc_input(c, 0, c.odt());
-      return {c.b.reduce(x, c.b.constant(1, x.dtype()), reduce_dims(c, dim_arg, x.rank()), "multiply")};
-    });
-  add_rule("aten::amax", extreme(1, true));
-  add_rule("aten::amin", extreme(1, false));
-  add_rule("aten::max", extreme(99, true));
-  add_rule("aten::min", extreme(99, false));
-  add_rule("aten::max.dim", arg_extreme(true, true));
-  add_rule("aten::min.dim", arg_extreme(false, true));
-  add_rule("aten::argmax", arg_extreme(true, false));
-  add_rule("aten::argmin", arg_extreme(false, false));
-  add_rule("aten::var.correction", [](Ctx& c) -> V { return {var_mean(c, 1, 2).first}; });
-  add_rule("aten::std.correction", [](Ctx& c) -> V { return {c.b.unary("sqrt", var_mean(c, 1, 2).first)}; });
-  add_rule("aten::var_mean.correction", [](Ctx& c) -> V {
-    auto [v, m] = var_mean(c, 1, 2);
-    return {v, m};
-  });
-  add_rule("aten::std_mean.correction", [](Ctx& c) -> V {
-    auto [v, m] = var_mean(c, 1, 2);
-    return {c.b.unary("sqrt", v), m};
-  });
-  // all / any: reduce the "is nonzero" predicate with and / or
-  for (bool is_all : {true, false})
-    for (auto ov : {"", ".dim", ".dims"})
-      add_rule(std::string(is_all ? "aten::all" : "aten::any") + ov, [is_all, ov](Ctx& c) -> V {
-        // out= of another dtype: CPU's error (the Meta kernel casts instead); bool and uint8 results only
-        if (c.odt() != DType::Pred && c.odt() != DType::U8)
-          throw UserError(std::string(is_all ? "all" : "any") + " only supports bool tensor for result, got: " +
-                          torch_dtype_name(c.odt()));
-        Value x = c.in(0);
-        Value p = x.dtype() == DType::Pred ? x : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE);
-        auto dims = std::string(ov).empty() ? reduce_dims(c, 99, x.rank()) : reduce_dims(c, 1, x.rank());
-        return {c.b.reduce(p, c.b.constant_int(is_all ? 1 : 0, DType::Pred), dims, is_all ? "and" : "or")};
-      });
-  // logsumexp(x) = m + log(sum(exp(x - m))), m = max (0 where infinite)
-  add_rule("aten::logsumexp", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    if (hlo::is_complex(c.in(0).dtype())) throw Unsupported("logsumexp of a complex tensor");
-    Value x = b.convert(c.in(0), compute_type(c.odt()));
-    auto dims = reduce_dims(c, 1, x.rank());
-    std::vector<int64_t> all;
-    for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
-    Value m = b.reduce(x, b.lowest(x.dtype()), dims, "maximum");
-    m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(m.dtype(), m.shape()));
-    Value mb = b.broadcast_in_dim(keep_dims(b, m, x.shape(), dims), x.shape(), all);
-    Value s = b.reduce(b.unary("exponential", b.sub(x, mb)), b.zeros(x.dtype(), {}), dims, "add");
-    return {b.add(b.unary("log", s), m)};
-  });
-  add_rule("aten::linalg_vector_norm", [](Ctx& c) -> V { return {vector_norm(c, 1, 2)}; });
-  // legacy norm(x, p?, dim?, keepdim, dtype?): the same vector norm
-  for (auto [n, dim_arg] : {std::pair{"aten::norm.Scalar", size_t(99)}, {"aten::norm.ScalarOpt_dtype", size_t(99)},
-                            {"aten::norm.ScalarOpt_dim", size_t(2)}, {"aten::norm.ScalarOpt_dim_dtype", size_t(2)}})
-    add_rule(n, [dim_arg = dim_arg](Ctx& c) -> V { return {vector_norm(c, 1, dim_arg)}; });
-  // count_nonzero(x, dims) = sum(x != 0) over dims (int64)
-  for (auto n : {"aten::count_nonzero", "aten::count_nonzero.dim_IntList"})
-    add_rule(n, [](Ctx& c) -> V {
-      Value x = c.in(0);
-      Value nz = c.b.convert(c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), DType::S64);
-      return {c.b.reduce(nz, c.b.zeros(DType::S64, {}), reduce_dims(c, 1, x.rank()), "add")};
-    });
-  // aminmax(x, dim?, keepdim) = (amin, amax), NaN where the reduced slice has a NaN
-  // (the CPU plugin's min/max reductions skip NaNs)
-  add_rule("aten::aminmax", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    if (c.odt(0) != x.dtype() || c.odt(1) != x.dtype())  // out= tensors of another dtype: CPU rejects them
-      throw UserError("aminmax: expected out tensors of the input's dtype");
-    auto dims = reduce_dims(c, 1, x.rank());
-    return {reduce_extreme(b, x, dims, false), reduce_extreme(b, x, dims, true)};
-  });
-  // trace(x) = sum of x[i, i]
-  add_rule("aten::trace", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    Value x = c.in(0);
-    DType t = compute_type(c.odt());
-    Value diag = b.compare(b.iota(DType::S64, x.shape(), 0), b.iota(DType::S64, x.shape(), 1), hlo::Cmp::EQ);
-    Value v = b.select(diag, b.convert(x, t), b.zeros(t, x.shape()));
-    return {b.convert(b.reduce(v, b.zeros(t, {}), {0, 1}, "add"), c.odt())};
-  });
-  // renorm(x, p, dim, maxnorm): each slice along dim with p-norm > maxnorm scaled by maxnorm / (norm + 1e-7)
-  add_rule("aten::renorm", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    if (hlo::is_complex(c.in(0).dtype())) throw Unsupported("renorm of a complex tensor");
-    DType t = compute_type(c.odt());
-    Value x = b.convert(c.in(0), t);
-    if (x.rank() == 0) throw Unsupported("renorm of a 0-dim tensor");
-    int64_t dim = wrap_dim(c.int_(2), x.rank());
-    std::vector<int64_t> others;
-    for (int64_t d = 0; d < x.rank(); ++d)
-      if (d != dim) others.push_back(d);
-    double p = c.num(1);
-    Value a = b.unary("abs", x);
-    Value norm;
-    if (std::isinf(p)) {
-      norm = reduce_extreme(b, a, others, p > 0);
-    } else if (p == 0) {
-      norm = b.reduce(b.convert(b.compare(a, b.zeros(t, a.shape()), hlo::Cmp::NE), t), b.zeros(t, {}), others, "add");
-    } else {
-      Value pw = b.binary("power", a, b.constant(p, t, a.shape()));
-      Value sm = b.reduce(pw, b.zeros(t, {}), others, "add");
-      norm = b.binary("power", sm, b.constant(1.0 / p, t, sm.shape()));
-    }
-    Value maxn = b.broadcast_to(c.scalar(3, t), norm.shape());
-    Value factor = b.select(b.compare(norm, maxn, hlo::Cmp::GT),
-                            b.div(maxn, b.add(norm, b.constant(1e-7, t, norm.shape()))), b.constant(1, t, norm.shape()));
-    return {b.convert(b.mul(x, b.broadcast_in_dim(factor, x.shape(), {dim})), c.odt())};
-  });
-  // logcumsumexp(x, dim) = m + log(cumsum(exp(x - m))), m = max over the dim (0 where not finite)
-  add_rule("aten::_logcumsumexp", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = b.convert(c.in(0), t);
-    int64_t dim = wrap_dim(c.int_(1), x.rank());
-    // complex: CPU scans log(e^a + e^b) pairwise, whose imaginary part is not
-    // reduced to (-pi, pi]; not lowered
-    if (hlo::is_complex(t)) throw Unsupported("logcumsumexp of a complex tensor");
-    if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
-    Value m = b.reduce(x, b.lowest(t), {dim}, "maximum");
-    m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(t, m.shape()));
-    Value mb = b.broadcast_in_dim(m, x.shape(), [&] {
-      std::vector<int64_t> d;
-      for (int64_t i = 0; i < x.rank(); ++i)
-        if (i != dim) d.push_back(i);
-      return d;
-    }());
-    int64_t n = x.shape()[dim];
-    Shape window(x.rank(), 1), strides(x.rank(), 1);
-    window[dim] = n;
-    std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
-    pad[dim] = {n - 1, 0};
-    Value cs = b.reduce_window(b.unary("exponential", b.sub(x, mb)), b.zeros(t, {}), window, strides, pad, "add");
-    return {b.convert(b.add(b.unary("log", cs), mb), c.odt())};
-  });
-  // isin(e, t, assume_unique, invert) = any(e[..., None] == flat(t)) (xor invert); one
-  // side may be a Python number
-  for (auto n : {"aten::isin.Tensor_Tensor", "aten::isin.Tensor_Scalar", "aten::isin.Scalar_Tensor"})
-    add_rule(n, [](Ctx& c) -> V {
-      Builder& b = c.b;
-      auto dtype = [&](size_t i) {
-        const Arg& a = c.arg(i);
-        if (a.kind == Arg::Tensor) return a.tensor.dtype();
-        return a.scalar_is_bool ? DType::Pred : a.scalar_is_int ? DType::S64 : DType::F32;
-      };
-      bool s0 = c.arg(0).kind != Arg::Tensor, s1 = c.arg(1).kind != Arg::Tensor;
-      DType t = promote(dtype(0), dtype(1));
-      if (s0 || s1) {  // a Python number only raises the category (to its default type)
-        auto cat = [](DType d) { return d == DType::Pred ? 0 : hlo::is_int(d) ? 1 : hlo::is_float(d) ? 2 : 3; };
-        DType tt = dtype(s0 ? 1 : 0), st = dtype(s0 ? 0 : 1);
-        t = cat(st) > cat(tt) ? st : tt;
-      }
-      Shape es = c.oshape();
-      int64_t m = s1 ? 1 : hlo::numel(c.in(1).shape());
-      Value e = c.in_as(0, t, es);
-      Value tv = s1 ? c.in_as(1, t, {1}) : b.reshape(b.convert(c.in(1), t), {m});
-      Shape full = es;
-      full.push_back(m);
-      std::vector<int64_t> edims;
-      for (size_t i = 0; i < es.size(); ++i) edims.push_back(static_cast<int64_t>(i));
-      Value eq = b.compare(b.broadcast_in_dim(e, full, edims), b.broadcast_in_dim(tv, full, {int64_t(es.size())}),
-                           hlo::Cmp::EQ);
-      Value r = b.reduce(eq, b.constant_int(0, DType::Pred), {int64_t(es.size())}, "or");
-      return {c.flag_or(3, false) ? b.unary("not", r) : r};
-    });
-  // cummax(x, dim) = (v, i): v = running max, NaN from the first NaN on; i =
-  // running max of (hit ? position : -1), hit = (NaN seen ? isnan(x) : x == v): the
-  // last position holding the running maximum (ties take the later one, as on
-  // CPU). cummin alike. (Registered as cummax itself: CPU's _cummax_helper has
-  // no Meta kernel.)
-  for (bool is_max : {true, false})
-    add_rule(is_max ? "aten::cummax" : "aten::cummin", [is_max](Ctx& c) -> V {
-      Builder& b = c.b;
-      Value x = c.in(0);
-      if (x.dtype() == DType::Pred) throw Unsupported("cummax/cummin of bool");
-      if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
-      int64_t dim = wrap_dim(c.int_(1), x.rank());
-      Value init = is_max ? b.lowest(x.dtype()) : b.highest(x.dtype());
-      Value v = running(b, x, dim, init, is_max ? "maximum" : "minimum");
-      Value hit = b.compare(x, v, hlo::Cmp::EQ);
-      if (hlo::is_float(x.dtype())) {  // the CPU plugin's max/min windows skip NaNs
-        Value isnan = b.compare(x, x, hlo::Cmp::NE);
-        Value seen = running(b, isnan, dim, b.constant_int(0, DType::Pred), "or");
-        v = b.select(seen, b.constant(NAN, x.dtype(), x.shape()), v);
-        hit = b.select(seen, isnan, hit);
-      }
-      Value pos = b.select(hit, b.iota(DType::S64, x.shape(), dim), b.constant_int(-1, DType::S64, x.shape()));
-      return {v, running(b, pos, dim, b.constant_int(-1, DType::S64), "maximum")};
-    });
-  // cumsum / cumprod along dim
-  for (bool is_prod : {false, true})
-    add_rule(is_prod ? "aten::cumprod" : "aten::cumsum", [is_prod](Ctx& c) -> V {
-      Builder& b = c.b;
-      Value x = b.convert(c.in(0), compute_type(c.odt()));
-      if (x.rank() == 0) return {x};
-      Value init = b.constant(is_prod ? 1 : 0, x.dtype());
-      return {running(b, x, wrap_dim(c.int_(1), x.rank()), init, is_prod ? "multiply" : "add")};
-    });
+  const std::pair<const char*, Rule> rules[] = {
+      {"aten::sum", sum_like(99, false)},
+      {"aten::sum.dim_IntList", sum_like(1, false)},
+      {"aten::mean", sum_like(99, true)},
+      {"aten::mean.dim", sum_like(1, true)},
+      {"aten::nansum", lower_nansum},
+      {"aten::prod", prod_like(99)},
+      {"aten::prod.dim_int", prod_like(1)},
+      {"aten::amax", extreme(1, true)},
+      {"aten::amin", extreme(1, false)},
+      {"aten::max", extreme(99, true)},
+      {"aten::min", extreme(99, false)},
+      {"aten::max.dim", arg_extreme(true, true)},
+      {"aten::min.dim", arg_extreme(false, true)},
+      {"aten::argmax", arg_extreme(true, false)},
+      {"aten::argmin", arg_extreme(false, false)},
+      {"aten::var.correction", [](Ctx& c) -> V { return {var_mean(c, 1, 2).first}; }},
+      {"aten::std.correction", [](Ctx& c) -> V { return {c.b.unary("sqrt", var_mean(c, 1, 2).first)}; }},
+      {"aten::var_mean.correction", lower_var_mean},
+      {"aten::std_mean.correction", lower_std_mean},
+      // all / any: reduce the "is nonzero" predicate with and / or
+      {"aten::all", all_any(true, "")},
+      {"aten::all.dim", all_any(true, ".dim")},
+      {"aten::all.dims", all_any(true, ".dims")},
+      {"aten::any", all_any(false, "")},
+      {"aten::any.dim", all_any(false, ".dim")},
+      {"aten::any.dims", all_any(false, ".dims")},
+      {"aten::logsumexp", lower_logsumexp},
+      {"aten::linalg_vector_norm", [](Ctx& c) -> V { return {vector_norm(c, 1, 2)}; }},
+      // legacy norm(x, p?, dim?, keepdim, dtype?): the same vector norm
+      {"aten::norm.Scalar", legacy_norm(99)},
+      {"aten::norm.ScalarOpt_dtype", legacy_norm(99)},
+      {"aten::norm.ScalarOpt_dim", legacy_norm(2)},
+      {"aten::norm.ScalarOpt_dim_dtype", legacy_norm(2)},
+      {"aten::count_nonzero", lower_count_nonzero},
+      {"aten::count_nonzero.dim_IntList", lower_count_nonzero},
+      {"aten::aminmax", lower_aminmax},
+      {"aten::trace", lower_trace},
+      {"aten::renorm", lower_renorm},
+      {"aten::_logcumsumexp", lower_logcumsumexp},
+      // isin: one side may be a Python number
+      {"aten::isin.Tensor_Tensor", lower_isin},
+      {"aten::isin.Tensor_Scalar", lower_isin},
+      {"aten::isin.Scalar_Tensor", lower_isin},
+      // cummax / cummin (registered as cummax itself: CPU's _cummax_helper has no Meta kernel)
+      {"aten::cummax", cummax_cummin(true)},
+      {"aten::cummin", cummax_cummin(false)},
+      {"aten::cumsum", cumsum_cumprod(false)},
+      {"aten::cumprod", cumsum_cumprod(true)},
+  };
+  for (auto& [name, rule] : rules) add_rule(name, rule);
 }
 
 }  // namespace tt::lower

@@ -81,7 +81,7 @@ struct Poly {
   // CPU's closed forms, given the input x (before `prep`), n (as x's type) and n's parity (pred: n odd)
   std::function<Cases(Builder&, Value x, Value n, Value odd)> closed;
   // the value for n above the loop cap where no closed form applies (NaN if none)
-  std::function<Value(Builder&, Value x, Value n, Value odd)> beyond;
+  std::function<Value(Builder&, Value x, Value n, Value odd)> beyond = {};
   int64_t cap = kLoopCap;  // n above it: `beyond`
 };
 
@@ -306,158 +306,193 @@ Value erfcx(Builder& b, Value x) {
   Value cf = b.div(k(b, 1.0 / std::sqrt(M_PI), x), f);
   return b.select(b.compare(x, k(b, 2, x), Cmp::LT), direct, cf);
 }
+
+// log_ndtr(x) = log(Phi(x)): t = x / sqrt 2; x < -1: log(erfcx(-t) / 2) - t^2, else log1p(-erfc(t) / 2)
+Value log_ndtr_fn(Builder& b, Value x) {
+  Value t = b.mul(x, k(b, M_SQRT1_2, x));
+  Value lo = b.sub(b.unary("log", b.mul(erfcx(b, b.neg(t)), k(b, 0.5, x))), b.mul(t, t));
+  Value hi = b.unary("log_plus_one", b.neg(b.mul(b.emit("chlo.erfc", {t}, t.type), k(b, 0.5, x))));
+  return b.select(b.compare(x, k(b, -1, x), Cmp::LT), lo, hi);
+}
+
+// spherical j0(x) = sin(x) / x; a series below |x| = 0.5; 0 at +-inf
+Value spherical_bessel_j0_fn(Builder& b, Value x) {
+  Value x2 = b.mul(x, x);
+  double c[] = {-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800, 1.0 / 6227020800.0};
+  Value s = k(b, c[5], x);
+  for (int i = 4; i >= 0; --i) s = b.add(k(b, c[i], x), b.mul(x2, s));
+  Value series = b.add(k(b, 1, x), b.mul(x2, s));
+  Value safe = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), k(b, 1, x), x);
+  Value direct = b.div(b.unary("sine", safe), safe);
+  Value r = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), series, direct);
+  return b.select(b.compare(b.unary("abs", x), k(b, INFINITY, x), Cmp::EQ), k(b, 0, x), r);  // j0(+-inf) = 0
+}
+
+// T/U/V/W_{k+1} = 2y p_k - p_{k-1}; p_1 = y, 2y, 2y - 1, 2y + 1
+Value two_x(Builder& b, Value x, Value, Value p, Value q) { return b.sub(b.mul(b.add(x, x), p), q); }
+Value shift(Builder& b, Value x) { return b.sub(b.add(x, x), k(b, 1, x)); }
+Value chebyshev_t_p1(Builder& b, Value x) { return x; }
+Value chebyshev_u_p1(Builder& b, Value x) { return b.add(x, x); }
+Value chebyshev_v_p1(Builder& b, Value x) { return b.sub(b.add(x, x), k(b, 1, x)); }
+Value chebyshev_w_p1(Builder& b, Value x) { return b.add(b.add(x, x), k(b, 1, x)); }
+
+// the closed forms test the input x (shifted, CPU tests x == 1, x == 0); the recurrence runs on y = 2x - 1
+Rule chebyshev(char kind, Fn1 p1, bool shifted) {
+  return [kind, p1, shifted](Ctx& c) -> V {
+    Poly P{p1, two_x,
+           [kind, shifted](Builder& b, Value x, Value nn, Value odd) {
+             return chebyshev_closed(b, kind, shifted, x, nn, odd);
+           },
+           [kind](Builder& b, Value y, Value nn, Value odd) { return chebyshev_beyond(b, kind, y, nn, odd); }};
+    return {polynomial(c, P, shifted ? Fn1(shift) : Fn1())};
+  };
+}
+
+// Hermite: NaN above n = 128 (f32) / 512 (f64), as on CPU
+Value hermite(Ctx& c, Fn1 p1, Step next) {
+  Poly P{p1, next, {}, {}, compute_type(c.odt()) == DType::F64 ? 512 : 128};
+  return polynomial(c, P);
+}
+
+// H_{k+1} = 2x H_k - 2k H_{k-1};  He_{k+1} = x He_k - k He_{k-1}
+V lower_special_hermite_polynomial_h(Ctx& c) {
+  return {hermite(c, [](Builder& b, Value x) { return b.add(x, x); },
+                  [](Builder& b, Value x, Value kk, Value p, Value q) {
+                    return b.sub(b.mul(b.add(x, x), p), b.mul(b.add(kk, kk), q));
+                  })};
+}
+
+V lower_special_hermite_polynomial_he(Ctx& c) {
+  return {hermite(c, [](Builder& b, Value x) { return x; },
+                  [](Builder& b, Value x, Value kk, Value p, Value q) { return b.sub(b.mul(x, p), b.mul(kk, q)); })};
+}
+
+// L_{k+1} = ((2k + (1 - x)) L_k - k L_{k-1}) / (k + 1); L_n(0) = 1
+V lower_special_laguerre_polynomial_l(Ctx& c) {
+  Poly P{[](Builder& b, Value x) { return b.sub(k(b, 1, x), x); },
+         [](Builder& b, Value x, Value kk, Value p, Value q) {
+           Value a = b.add(b.add(kk, kk), b.sub(k(b, 1, x), x));
+           return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
+         },
+         [](Builder& b, Value x, Value, Value) {
+           return Cases{b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 1, x)};
+         }};
+  return {polynomial(c, P)};
+}
+
+// P_{k+1} = ((2k + 1) x P_k - k P_{k-1}) / (k + 1); P_n(1) = 1, P_n(-1) = (-1)^n
+V lower_special_legendre_polynomial_p(Ctx& c) {
+  Poly P{[](Builder& b, Value x) { return x; },
+         [](Builder& b, Value x, Value kk, Value p, Value q) {
+           Value a = b.mul(b.add(b.add(kk, kk), k(b, 1, x)), x);
+           return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
+         },
+         [](Builder& b, Value x, Value, Value odd) {
+           Value end = b.compare(b.unary("abs", x), k(b, 1, x), Cmp::EQ);
+           Value v = b.select(b.binary("or", b.compare(x, k(b, 0, x), Cmp::GT), b.unary("not", odd)), k(b, 1, x),
+                              k(b, -1, x));
+           return Cases{end, v};
+         }};
+  return {polynomial(c, P)};
+}
+
+// entr(x) = x > 0 ? -x log x : x == 0 ? 0 : -inf (NaN stays NaN)
+Value entr_fn(Builder& b, Value x) {
+  Value zero = k(b, 0, x);
+  Value r = b.select(b.compare(x, zero, Cmp::EQ), zero, k(b, -INFINITY, x));
+  r = b.select(b.compare(x, zero, Cmp::GT), b.neg(b.mul(x, b.unary("log", x))), r);
+  return b.select(b.compare(x, x, Cmp::NE), x, r);
+}
+
+// xlog1py(x, y) = isnan(y) ? NaN : x == 0 ? 0 : x * log1p(y)
+Value xlog1py_fn(Builder& b, Value x, Value y) {
+  Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 0, x), b.mul(x, b.unary("log_plus_one", y)));
+  return b.select(b.compare(y, y, Cmp::NE), y, r);
+}
+
+// one CHLO op each
+Rule chlo_unary(const char* op) {
+  return unary_fn([op](Builder& b, Value x) { return chlo(b, op, {x}); });
+}
+
+// ndtri(p) = sqrt(2) erfinv(2p - 1)
+Value ndtri_fn(Builder& b, Value p) {
+  Value y = b.sub(b.mul(k(b, 2, p), p), k(b, 1, p));
+  return b.mul(k(b, M_SQRT2, p), chlo(b, "chlo.erf_inv", {y}));
+}
+
+// polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 2; digamma and trigamma for n = 0, 1
+V lower_polygamma(Ctx& c) {
+  Builder& b = c.b;
+  DType t = compute_type(c.odt());
+  Value x = c.in_out(1, t);
+  int64_t n = c.int_(0);
+  if (n == 0) return {b.convert(digamma(b, x), c.odt())};
+  if (n == 1) return {b.convert(trigamma(b, x), c.odt())};
+  Value z = hurwitz_zeta(b, k(b, double(n + 1), x), x);
+  return {b.convert(b.mul(z, k(b, (n % 2 ? 1 : -1) * std::tgamma(double(n + 1)), x)), c.odt())};
+}
+
+// mvlgamma(x, p) = p (p - 1) / 4 log(pi) + sum_{j < p} lgamma(x - j / 2); as CPU's
+// composite, the arguments x - j / 2 and the lgamma values are rounded to x's type
+// (f16/bf16: near the poles that rounding decides the value)
+V lower_mvlgamma(Ctx& c) {
+  Builder& b = c.b;
+  DType ot = c.odt(), t = compute_type(ot);
+  Value x = c.in_out(0, t);
+  int64_t p = c.int_(1);
+  if (p < 1) throw UserError("p has to be greater than or equal to 1");  // CPU's check (not the Meta kernel's)
+  auto round = [&](Value v) { return b.convert(b.convert(v, ot), t); };
+  Value r = k(b, 0, x);
+  for (int64_t j = 0; j < p; ++j) r = b.add(r, round(chlo(b, "chlo.lgamma", {round(b.sub(x, k(b, j / 2.0, x)))})));
+  r = b.add(round(r), k(b, p * (p - 1) / 4.0 * std::log(M_PI), x));
+  return {b.convert(r, ot)};
+}
 }  // namespace
 
 void register_special() {
-  // erfcx(x) = exp(x^2) erfc(x)
-  add_rule("aten::special_erfcx", unary_fn([](Builder& b, Value x) { return erfcx(b, x); }));
-  // log_ndtr(x) = log(Phi(x)): t = x / sqrt 2; x < -1: log(erfcx(-t) / 2) - t^2, else log1p(-erfc(t) / 2)
-  add_rule("aten::special_log_ndtr", unary_fn([](Builder& b, Value x) {
-    Value t = b.mul(x, k(b, M_SQRT1_2, x));
-    Value lo = b.sub(b.unary("log", b.mul(erfcx(b, b.neg(t)), k(b, 0.5, x))), b.mul(t, t));
-    Value hi = b.unary("log_plus_one", b.neg(b.mul(b.emit("chlo.erfc", {t}, t.type), k(b, 0.5, x))));
-    return b.select(b.compare(x, k(b, -1, x), Cmp::LT), lo, hi);
-  }));
-  // spherical j0(x) = sin(x) / x; a series below |x| = 0.5; 0 at +-inf
-  add_rule("aten::special_spherical_bessel_j0", unary_fn([](Builder& b, Value x) {
-    Value x2 = b.mul(x, x);
-    double c[] = {-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880, -1.0 / 39916800, 1.0 / 6227020800.0};
-    Value s = k(b, c[5], x);
-    for (int i = 4; i >= 0; --i) s = b.add(k(b, c[i], x), b.mul(x2, s));
-    Value series = b.add(k(b, 1, x), b.mul(x2, s));
-    Value safe = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), k(b, 1, x), x);
-    Value direct = b.div(b.unary("sine", safe), safe);
-    Value r = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), series, direct);
-    return b.select(b.compare(b.unary("abs", x), k(b, INFINITY, x), Cmp::EQ), k(b, 0, x), r);  // j0(+-inf) = 0
-  }));
-  // Chebyshev T/U/V/W (and shifted: x -> 2x - 1), Hermite H/He, Laguerre L, Legendre P
-  {
-    // T/U/V/W_{k+1} = 2y p_k - p_{k-1}; p_1 = y, 2y, 2y - 1, 2y + 1
-    auto two_x = [](Builder& b, Value x, Value, Value p, Value q) { return b.sub(b.mul(b.add(x, x), p), q); };
-    auto shift = [](Builder& b, Value x) { return b.sub(b.add(x, x), k(b, 1, x)); };
-    const std::pair<char, Fn1> cheb[] = {
-        {'t', [](Builder& b, Value x) { return x; }},
-        {'u', [](Builder& b, Value x) { return b.add(x, x); }},
-        {'v', [](Builder& b, Value x) { return b.sub(b.add(x, x), k(b, 1, x)); }},
-        {'w', [](Builder& b, Value x) { return b.add(b.add(x, x), k(b, 1, x)); }},
-    };
-    for (auto& [kind, p1] : cheb)
-      for (bool shifted : {false, true}) {
-        std::string n = std::string("aten::special_") + (shifted ? "shifted_" : "") + "chebyshev_polynomial_" + kind;
-        // the closed forms test the input x (shifted, CPU tests x == 1, x == 0); the recurrence runs on y = 2x - 1
-        add_rule(n, [kind = kind, p1 = p1, two_x, shift, shifted](Ctx& c) -> V {
-          Poly P{p1, two_x,
-                 [kind, shifted](Builder& b, Value x, Value nn, Value odd) {
-                   return chebyshev_closed(b, kind, shifted, x, nn, odd);
-                 },
-                 [kind](Builder& b, Value y, Value nn, Value odd) { return chebyshev_beyond(b, kind, y, nn, odd); }};
-          return {polynomial(c, P, shifted ? Fn1(shift) : Fn1())};
-        });
-      }
-    // Hermite: NaN above n = 128 (f32) / 512 (f64), as on CPU
-    auto hermite = [](Ctx& c, Fn1 p1, Step next) {
-      Poly P{p1, next, {}, {}, compute_type(c.odt()) == DType::F64 ? 512 : 128};
-      return polynomial(c, P);
-    };
-    // H_{k+1} = 2x H_k - 2k H_{k-1};  He_{k+1} = x He_k - k He_{k-1}
-    add_rule("aten::special_hermite_polynomial_h", [hermite](Ctx& c) -> V {
-      return {hermite(c, [](Builder& b, Value x) { return b.add(x, x); },
-                      [](Builder& b, Value x, Value kk, Value p, Value q) {
-                        return b.sub(b.mul(b.add(x, x), p), b.mul(b.add(kk, kk), q));
-                      })};
-    });
-    add_rule("aten::special_hermite_polynomial_he", [hermite](Ctx& c) -> V {
-      return {hermite(c, [](Builder& b, Value x) { return x; },
-                      [](Builder& b, Value x, Value kk, Value p, Value q) { return b.sub(b.mul(x, p), b.mul(kk, q)); })};
-    });
-    // L_{k+1} = ((2k + (1 - x)) L_k - k L_{k-1}) / (k + 1); L_n(0) = 1
-    add_rule("aten::special_laguerre_polynomial_l", [](Ctx& c) -> V {
-      Poly P{[](Builder& b, Value x) { return b.sub(k(b, 1, x), x); },
-             [](Builder& b, Value x, Value kk, Value p, Value q) {
-               Value a = b.add(b.add(kk, kk), b.sub(k(b, 1, x), x));
-               return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
-             },
-             [](Builder& b, Value x, Value, Value) {
-               return Cases{b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 1, x)};
-             }};
-      return {polynomial(c, P)};
-    });
-    // P_{k+1} = ((2k + 1) x P_k - k P_{k-1}) / (k + 1); P_n(1) = 1, P_n(-1) = (-1)^n
-    add_rule("aten::special_legendre_polynomial_p", [](Ctx& c) -> V {
-      Poly P{[](Builder& b, Value x) { return x; },
-             [](Builder& b, Value x, Value kk, Value p, Value q) {
-               Value a = b.mul(b.add(b.add(kk, kk), k(b, 1, x)), x);
-               return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
-             },
-             [](Builder& b, Value x, Value, Value odd) {
-               Value end = b.compare(b.unary("abs", x), k(b, 1, x), Cmp::EQ);
-               Value v = b.select(b.binary("or", b.compare(x, k(b, 0, x), Cmp::GT), b.unary("not", odd)), k(b, 1, x),
-                                  k(b, -1, x));
-               return Cases{end, v};
-             }};
-      return {polynomial(c, P)};
-    });
-  }
-  // entr(x) = x > 0 ? -x log x : x == 0 ? 0 : -inf (NaN stays NaN)
-  add_rule("aten::special_entr", unary_fn([](Builder& b, Value x) {
-    Value zero = k(b, 0, x);
-    Value r = b.select(b.compare(x, zero, Cmp::EQ), zero, k(b, -INFINITY, x));
-    r = b.select(b.compare(x, zero, Cmp::GT), b.neg(b.mul(x, b.unary("log", x))), r);
-    return b.select(b.compare(x, x, Cmp::NE), x, r);
-  }));
-  // xlog1py(x, y) = isnan(y) ? NaN : x == 0 ? 0 : x * log1p(y)
-  for (auto n : {"aten::special_xlog1py", "aten::special_xlog1py.other_scalar", "aten::special_xlog1py.self_scalar"})
-    add_rule(n, binary_fn([](Builder& b, Value x, Value y) {
-      Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 0, x), b.mul(x, b.unary("log_plus_one", y)));
-      return b.select(b.compare(y, y, Cmp::NE), y, r);
-    }));
-  // one CHLO op each
-  const std::pair<const char*, const char*> direct[] = {{"aten::erfinv", "chlo.erf_inv"},
-                                                        {"aten::lgamma", "chlo.lgamma"},
-                                                        {"aten::special_i1e", "chlo.bessel_i1e"}};
-  for (auto& [n, op] : direct)
-    add_rule(n, unary_fn([op = op](Builder& b, Value x) { return chlo(b, op, {x}); }));
-  add_rule("aten::digamma", unary_fn(digamma));
-  // ndtri(p) = sqrt(2) erfinv(2p - 1)
-  add_rule("aten::special_ndtri", unary_fn([](Builder& b, Value p) {
-    Value y = b.sub(b.mul(k(b, 2, p), p), k(b, 1, p));
-    return b.mul(k(b, M_SQRT2, p), chlo(b, "chlo.erf_inv", {y}));
-  }));
-  // polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x), n >= 2; digamma and trigamma for n = 0, 1
-  add_rule("aten::polygamma", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType t = compute_type(c.odt());
-    Value x = c.in_out(1, t);
-    int64_t n = c.int_(0);
-    if (n == 0) return {b.convert(digamma(b, x), c.odt())};
-    if (n == 1) return {b.convert(trigamma(b, x), c.odt())};
-    Value z = hurwitz_zeta(b, k(b, double(n + 1), x), x);
-    return {b.convert(b.mul(z, k(b, (n % 2 ? 1 : -1) * std::tgamma(double(n + 1)), x)), c.odt())};
-  });
-  // zeta(x, q) = sum_k (k + q)^-x (Hurwitz)
-  for (auto n : {"aten::special_zeta", "aten::special_zeta.other_scalar", "aten::special_zeta.self_scalar"})
-    add_rule(n, binary_fn(hurwitz_zeta));
-  // mvlgamma(x, p) = p (p - 1) / 4 log(pi) + sum_{j < p} lgamma(x - j / 2); as CPU's
-  // composite, the arguments x - j / 2 and the lgamma values are rounded to x's type
-  // (f16/bf16: near the poles that rounding decides the value)
-  add_rule("aten::mvlgamma", [](Ctx& c) -> V {
-    Builder& b = c.b;
-    DType ot = c.odt(), t = compute_type(ot);
-    Value x = c.in_out(0, t);
-    int64_t p = c.int_(1);
-    if (p < 1) throw UserError("p has to be greater than or equal to 1");  // CPU's check (not the Meta kernel's)
-    auto round = [&](Value v) { return b.convert(b.convert(v, ot), t); };
-    Value r = k(b, 0, x);
-    for (int64_t j = 0; j < p; ++j) r = b.add(r, round(chlo(b, "chlo.lgamma", {round(b.sub(x, k(b, j / 2.0, x)))})));
-    r = b.add(round(r), k(b, p * (p - 1) / 4.0 * std::log(M_PI), x));
-    return {b.convert(r, ot)};
-  });
-  // modified Bessel functions of the first kind, orders 0 and 1
-  for (auto n : {"aten::i0", "aten::special_modified_bessel_i0"})
-    add_rule(n, unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 0, false); }));
-  for (auto n : {"aten::special_i1", "aten::special_modified_bessel_i1"})
-    add_rule(n, unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 1, false); }));
-  add_rule("aten::special_i0e", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 0, true); }));
+  const std::pair<const char*, Rule> rules[] = {
+      // erfcx(x) = exp(x^2) erfc(x)
+      {"aten::special_erfcx", unary_fn([](Builder& b, Value x) { return erfcx(b, x); })},
+      {"aten::special_log_ndtr", unary_fn(log_ndtr_fn)},
+      {"aten::special_spherical_bessel_j0", unary_fn(spherical_bessel_j0_fn)},
+      // Chebyshev T/U/V/W (and shifted: x -> 2x - 1), Hermite H/He, Laguerre L, Legendre P
+      {"aten::special_chebyshev_polynomial_t", chebyshev('t', chebyshev_t_p1, false)},
+      {"aten::special_shifted_chebyshev_polynomial_t", chebyshev('t', chebyshev_t_p1, true)},
+      {"aten::special_chebyshev_polynomial_u", chebyshev('u', chebyshev_u_p1, false)},
+      {"aten::special_shifted_chebyshev_polynomial_u", chebyshev('u', chebyshev_u_p1, true)},
+      {"aten::special_chebyshev_polynomial_v", chebyshev('v', chebyshev_v_p1, false)},
+      {"aten::special_shifted_chebyshev_polynomial_v", chebyshev('v', chebyshev_v_p1, true)},
+      {"aten::special_chebyshev_polynomial_w", chebyshev('w', chebyshev_w_p1, false)},
+      {"aten::special_shifted_chebyshev_polynomial_w", chebyshev('w', chebyshev_w_p1, true)},
+      {"aten::special_hermite_polynomial_h", lower_special_hermite_polynomial_h},
+      {"aten::special_hermite_polynomial_he", lower_special_hermite_polynomial_he},
+      {"aten::special_laguerre_polynomial_l", lower_special_laguerre_polynomial_l},
+      {"aten::special_legendre_polynomial_p", lower_special_legendre_polynomial_p},
+      {"aten::special_entr", unary_fn(entr_fn)},
+      {"aten::special_xlog1py", binary_fn(xlog1py_fn)},
+      {"aten::special_xlog1py.other_scalar", binary_fn(xlog1py_fn)},
+      {"aten::special_xlog1py.self_scalar", binary_fn(xlog1py_fn)},
+      // one CHLO op each
+      {"aten::erfinv", chlo_unary("chlo.erf_inv")},
+      {"aten::lgamma", chlo_unary("chlo.lgamma")},
+      {"aten::special_i1e", chlo_unary("chlo.bessel_i1e")},
+      {"aten::digamma", unary_fn(digamma)},
+      {"aten::special_ndtri", unary_fn(ndtri_fn)},
+      {"aten::polygamma", lower_polygamma},
+      // zeta(x, q) = sum_k (k + q)^-x (Hurwitz)
+      {"aten::special_zeta", binary_fn(hurwitz_zeta)},
+      {"aten::special_zeta.other_scalar", binary_fn(hurwitz_zeta)},
+      {"aten::special_zeta.self_scalar", binary_fn(hurwitz_zeta)},
+      {"aten::mvlgamma", lower_mvlgamma},
+      // modified Bessel functions of the first kind, orders 0 and 1
+      {"aten::i0", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 0, false); })},
+      {"aten::special_modified_bessel_i0", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 0, false); })},
+      {"aten::special_i1", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 1, false); })},
+      {"aten::special_modified_bessel_i1", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 1, false); })},
+      {"aten::special_i0e", unary_fn([](Builder& b, Value x) { return bessel_i(b, x, 0, true); })},
+  };
+  for (auto& [name, rule] : rules) add_rule(name, rule);
 }
 
 }  // namespace tt::lower
