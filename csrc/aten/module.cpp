@@ -524,13 +524,9 @@ void bind_distributed(py::module& m);  // distributed.cpp: the c10d backend
 void bind_spmd(py::module& m);         // spmd.cpp: in-program collectives
 }
 
-PYBIND11_MODULE(_C, m) {
-  m.doc() = "torch_tpu C++ core";
-  aten::bind_compiled(m);
-  aten::bind_kernels(m);
-  aten::bind_distributed(m);
-  aten::bind_spmd(m);
-  bind_owner(m);
+namespace {
+// The plugin and its devices: start-up, device selection, synchronisation.
+void bind_runtime(py::module& m) {
   // Loads the PJRT plugin, creates the client and registers the device hooks
   // and every lowered op. Returns the number of devices.
   m.def("_init", [](const std::string& plugin, const std::string& hint, int cpu_devices) {
@@ -572,6 +568,10 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     py_guard([] { engine::Engine::get().flush_all(); return 0; });
   });
+}
+
+// The engine's modes and settings (torch_tpu.set_eager_mode, dynamic.py, the trace cache, precision).
+void bind_engine_settings(py::module& m) {
   m.def("_set_mode", [](int mode) {
     py::gil_scoped_release nogil;
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
@@ -657,6 +657,10 @@ PYBIND11_MODULE(_C, m) {
     aten::set_process_precision(static_cast<lower::Precision>(p));
   });
   m.def("_get_precision", [] { return static_cast<int>(aten::process_precision()); });
+}
+
+// What ran and how: metrics, rules, stage times, the last program, the compile cache.
+void bind_introspection(py::module& m) {
   m.def("metrics", &metrics_dict);
   m.def("reset_metrics", &reset_metrics, py::call_guard<py::gil_scoped_release>());
   m.def("lowered_ops", [] { return aten::lowered_op_names(); });
@@ -675,6 +679,10 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::recursive_mutex> lock(engine::engine_mutex());
     engine::Engine::get().clear_cache();
   });
+}
+
+// torch.tpu's generators and memory figures.
+void bind_rng_and_memory(py::module& m) {
   m.def("manual_seed", [](int d, uint64_t seed) {
     at::Generator g = aten::default_generator_handle(d);
     std::lock_guard<std::mutex> lock(g.mutex());
@@ -721,4 +729,18 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+}
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_tpu C++ core";
+  aten::bind_compiled(m);
+  aten::bind_kernels(m);
+  aten::bind_distributed(m);
+  aten::bind_spmd(m);
+  bind_owner(m);
+  bind_runtime(m);
+  bind_engine_settings(m);
+  bind_introspection(m);
+  bind_rng_and_memory(m);
 }
