@@ -46,7 +46,7 @@ void Engine::add_check(Graph& g, Value bad, Value value, bool index_error, const
   Value failed = b.reshape(b.slice(word, {0}, {1}, {1}), {});
   Value mine = b.concatenate({b.reshape(g.scalar_param(static_cast<double>(id), true, DType::S64), {1}),
                               b.reshape(b.convert(value, DType::S64), {1})}, 0);
-  Value keep = b.binary("or", b.compare(failed, b.constant_int(0, DType::S64), hlo::Cmp::NE),
+  Value keep = b.binary(hlo::op::or_, b.compare(failed, b.constant_int(0, DType::S64), hlo::Cmp::NE),
                         b.compare(bad, b.constant_int(0, DType::Pred), hlo::Cmp::EQ));
   g.store(wv, b.select(b.broadcast_to(keep, {2}), word, mine));
 }

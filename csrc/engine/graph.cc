@@ -280,7 +280,7 @@ void Graph::store(const View& v, Value value) {
       else
         next = b.dynamic_update_slice(fl, ordered, {view_offset(v)});
     } else {
-      next = b.scatter(fl, b.reshape(positions(b, d, view_offset(v)), {n, 1}), ordered, {0}, "");
+      next = b.scatter(fl, b.reshape(positions(b, d, view_offset(v)), {n, 1}), ordered, {0}, std::nullopt);
     }
   } else {
     // an expanded destination (PyTorch rejects most such writes earlier): last write wins
@@ -288,7 +288,7 @@ void Graph::store(const View& v, Value value) {
     for (size_t i = 0; i < v.sizes.size(); ++i)
       if (v.sizes[i] > 1) all.push_back({static_cast<int64_t>(i), v.sizes[i], v.strides[i]});
     Value pos = positions(b, all, view_offset(v));
-    next = b.scatter(fl, b.reshape(pos, {n, 1}), b.reshape(sq, {n}), {0}, "");
+    next = b.scatter(fl, b.reshape(pos, {n, 1}), b.reshape(sq, {n}), {0}, std::nullopt);
   }
   next = reinterpret(b, next, v.st->dtype);
   Entry& e = entries_[index_.at(v.st.get())];
@@ -450,7 +450,7 @@ Value Graph::runtime_positions(const View& v, const Shape& shape) {
   Value sub;
   if (vi < si) {
     Value r = b.constant_int(si / vi, DType::S64, shape);
-    sub = b.binary("remainder", acc, r);
+    sub = b.binary(hlo::op::remainder, acc, r);
     acc = b.div(acc, r);
   } else if (vi > si) {
     acc = b.mul(acc, b.constant_int(vi / si, DType::S64, shape));
@@ -471,7 +471,7 @@ Value Graph::runtime_positions(const View& v, const Shape& shape) {
       }
       if (j > 0) {
         Value N = st.base_bound[j] > 0 ? scalar_param(static_cast<double>(n), true, DType::S64) : b.constant_int(n, DType::S64);
-        i = b.binary("remainder", i, b.broadcast_in_dim(N, shape, {}));
+        i = b.binary(hlo::op::remainder, i, b.broadcast_in_dim(N, shape, {}));
       }
       if (F != 1) i = b.mul(i, b.constant_int(F, DType::S64, shape));
       q = q.valid() ? b.add(q, i) : i;
@@ -566,7 +566,7 @@ void Graph::store_runtime(const View& v, Value value) {
     if (U[k] == v.sizes[k] && (v.bound.empty() || v.bound[k] == 0)) continue;
     Value size = b.broadcast_in_dim(scalar_param(static_cast<double>(v.sizes[k]), true, DType::S64), P, {});
     Value in = b.compare(b.iota(DType::S64, P, static_cast<int64_t>(k)), size, hlo::Cmp::LT);
-    keep = keep.valid() ? b.binary("and", keep, in) : in;
+    keep = keep.valid() ? b.binary(hlo::op::and_, keep, in) : in;
   }
   if (keep.valid()) pos = b.select(keep, pos, b.constant_int(N, DType::S64, P));
   Value next;

@@ -362,9 +362,9 @@ Value Builder::iota(DType t, const Shape& s, int64_t dim) {
 }
 
 // ---------------------------------------------------------------- elementwise
-Value Builder::unary(const std::string& n, Value x) {
-  if (n == "abs" && is_complex(x.dtype())) return emit(n, {x}, Type{real_part(x.dtype()), x.shape()});  // |re + i im|
-  return emit(n, {x}, x.type);
+Value Builder::unary(op::Unary f, Value x) {
+  if (f == op::abs && is_complex(x.dtype())) return emit(f.name, {x}, Type{real_part(x.dtype()), x.shape()});  // |re + i im|
+  return emit(f.name, {x}, x.type);
 }
 
 Value Builder::real(Value x) { return emit("real", {x}, Type{real_part(x.dtype()), x.shape()}); }
@@ -372,22 +372,22 @@ Value Builder::imag(Value x) { return emit("imag", {x}, Type{real_part(x.dtype()
 Value Builder::complex(Value re, Value im) { return emit("complex", {re, im}, Type{complex_of(re.dtype()), re.shape()}); }
 Value Builder::conj(Value x) { return is_complex(x.dtype()) ? complex(real(x), neg(imag(x))) : x; }
 
-Value Builder::binary(const std::string& n, Value a, Value b) {
+Value Builder::binary(op::Binary f, Value a, Value b) {
   if (a.type != b.type)
-    throw BuildError("stablehlo." + n + ": operand types differ: " + a.type.str() + " vs " + b.type.str());
-  return emit(n, {a, b}, a.type);
+    throw BuildError(std::string("stablehlo.") + f.name + ": operand types differ: " + a.type.str() + " vs " + b.type.str());
+  return emit(f.name, {a, b}, a.type);
 }
 
 // A NaN first operand propagates through stablehlo.maximum/minimum on every plugin;
 // a NaN second operand is put back here (the XLA CPU plugin returns the first).
 // max(x, constant) costs nothing extra once the compiler folds the constant's check.
 Value Builder::max(Value a, Value b) {
-  Value r = binary("maximum", a, b);
+  Value r = binary(op::maximum, a, b);
   return is_float(a.dtype()) ? select(compare(b, b, Cmp::NE), b, r) : r;
 }
 
 Value Builder::min(Value a, Value b) {
-  Value r = binary("minimum", a, b);
+  Value r = binary(op::minimum, a, b);
   return is_float(a.dtype()) ? select(compare(b, b, Cmp::NE), b, r) : r;
 }
 
@@ -523,18 +523,18 @@ Value Builder::reverse(Value x, const std::vector<int64_t>& dims) {
 }
 
 // ---------------------------------------------------------------- reductions
-std::string Builder::region(const std::string& body, DType t, int n) {
+std::string Builder::region(std::optional<op::Binary> body, DType t, int n) {
   // ^bb0(%a0..%a{n-1}, %b0..%b{n-1}) -> elementwise body over pairs (n == 1 only
   // for named bodies).
   std::string st = Type{t, {}}.str();
   int a = next_++, b = next_++, r = next_++;
   (void)n;
   std::string s = "{\n    ^bb0(%v" + std::to_string(a) + ": " + st + ", %v" + std::to_string(b) + ": " + st + "):\n";
-  if (body.empty()) {  // replace: keep the update
+  if (!body) {  // replace: keep the update
     s += "      \"stablehlo.return\"(%v" + std::to_string(b) + ") : (" + st + ") -> ()\n    }";
     return s;
   }
-  s += "      %v" + std::to_string(r) + " = \"stablehlo." + body + "\"(%v" + std::to_string(a) + ", %v" +
+  s += "      %v" + std::to_string(r) + " = \"stablehlo." + body->name + "\"(%v" + std::to_string(a) + ", %v" +
        std::to_string(b) + ") : (" + st + ", " + st + ") -> " + st + "\n";
   s += "      \"stablehlo.return\"(%v" + std::to_string(r) + ") : (" + st + ") -> ()\n    }";
   return s;
@@ -553,10 +553,10 @@ std::string Builder::replica_groups(const Groups& groups) {
   return s + "]> : tensor<" + std::to_string(groups.size()) + "x" + std::to_string(groups[0].size()) + "xi64>";
 }
 
-std::string Builder::combiner(const std::string& reduce) {
-  static const std::map<std::string, std::string> ops = {
-      {"sum", "add"}, {"avg", "add"}, {"product", "multiply"}, {"min", "minimum"}, {"max", "maximum"},
-      {"band", "and"}, {"bor", "or"}, {"bxor", "xor"}};
+op::Binary Builder::combiner(const std::string& reduce) {
+  static const std::map<std::string, op::Binary> ops = {
+      {"sum", op::add}, {"avg", op::add}, {"product", op::multiply}, {"min", op::minimum}, {"max", op::maximum},
+      {"band", op::and_}, {"bor", op::or_}, {"bxor", op::xor_}};
   auto it = ops.find(reduce);
   if (it == ops.end()) throw BuildError("collective: reduce op '" + reduce + "' is not supported in a program");
   return it->second;
@@ -608,7 +608,7 @@ Value Builder::all_to_all(Value x, int64_t split_dim, int64_t concat_dim, const 
   return emit_multi("all_to_all", {x}, {Type{x.dtype(), s}}, attrs)[0];
 }
 
-Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, const std::string& body) {
+Value Builder::reduce(Value x, Value init, const std::vector<int64_t>& dims, op::Binary body) {
   if (dims.empty()) return x;
   check_dims("reduce", dims, x.rank());
   Shape s;
@@ -644,8 +644,8 @@ std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
       << ") {comparison_direction = #stablehlo<comparison_direction " << dir << ">} : (" << ty << ", " << ty
       << ") -> " << sp << "\n";
   };
-  auto bin = [&](int out, const char* op, int a, int b) {
-    r << "      " << v(out) << " = \"stablehlo." << op << "\"(" << v(a) << ", " << v(b) << ") : (" << sp << ", "
+  auto bin = [&](int out, op::Binary f, int a, int b) {
+    r << "      " << v(out) << " = \"stablehlo." << f.name << "\"(" << v(a) << ", " << v(b) << ") : (" << sp << ", "
       << sp << ") -> " << sp << "\n";
   };
   r << "{\n    ^bb0(" << v(av) << ": " << st << ", " << v(ai) << ": " << si << ", " << v(bv) << ": " << st << ", "
@@ -653,15 +653,15 @@ std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
   cmp(win, av, bv, is_max ? "GT" : "LT", st);
   cmp(eq, av, bv, "EQ", st);
   cmp(ilt, ai, bi, "LT", si);
-  bin(tie, "and", eq, ilt);
+  bin(tie, op::and_, eq, ilt);
   cmp(an, av, av, "NE", st);
   cmp(bn, bv, bv, "NE", st);
   r << "      " << v(nbn) << " = \"stablehlo.not\"(" << v(bn) << ") : (" << sp << ") -> " << sp << "\n";
-  bin(anb, "and", an, nbn);
-  bin(bothn, "and", an, bn);
-  bin(bothlt, "and", bothn, ilt);
-  bin(nanpick, "or", anb, bothlt);
-  bin(p1, "or", win, tie);
+  bin(anb, op::and_, an, nbn);
+  bin(bothn, op::and_, an, bn);
+  bin(bothlt, op::and_, bothn, ilt);
+  bin(nanpick, op::or_, anb, bothlt);
+  bin(p1, op::or_, win, tie);
   r << "      " << v(pick) << " = \"stablehlo.or\"(" << v(p1) << ", " << v(nanpick) << ") : (" << sp << ", " << sp
     << ") -> " << sp << "\n";
   // b wins outright when b is NaN and a is not: p1 may be true only if a>b, impossible with NaN b.
@@ -676,7 +676,7 @@ std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
 }
 
 Value Builder::reduce_window(Value x, Value init, const Shape& window, const Shape& strides,
-                             const std::vector<std::pair<int64_t, int64_t>>& padding, const std::string& body) {
+                             const std::vector<std::pair<int64_t, int64_t>>& padding, op::Binary body) {
   check_arity("reduce_window", window.size(), x.rank());
   check_arity("reduce_window", strides.size(), x.rank());
   check_arity("reduce_window", padding.size(), x.rank());
@@ -808,7 +808,8 @@ Value Builder::take_along(Value x, Value idx, int64_t dim) {
   return emit("gather", {x, full}, Type{x.dtype(), idx.shape()}, attrs);
 }
 
-Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>& dims, const std::string& body) {
+Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>& dims,
+                       std::optional<op::Binary> body) {
   check_dims("scatter", dims, x.rank());
   std::vector<int64_t> window;
   for (int64_t i = 1; i < upd.rank(); ++i) window.push_back(i);
@@ -822,7 +823,7 @@ Value Builder::scatter(Value x, Value idx, Value upd, const std::vector<int64_t>
 
 Value Builder::scatter_nd(Value x, Value idx, Value upd) {
   if (x.rank() != 1 || idx.rank() != upd.rank() + 1) throw BuildError("scatter_nd: a 1-D operand and one index per update");
-  std::string reg = region("", x.dtype(), 1);
+  std::string reg = region(std::nullopt, x.dtype(), 1);
   std::string attrs = "scatter_dimension_numbers = #stablehlo.scatter<inserted_window_dims = [0], "
                       "scatter_dims_to_operand_dims = [0], index_vector_dim = " + std::to_string(upd.rank()) +
                       ">, indices_are_sorted = false, unique_indices = false";
@@ -846,7 +847,7 @@ Value Builder::scatter_rows(Value x, Value starts, Value rows) {
   if (x.rank() != 1 || rows.rank() != r + 1) throw BuildError("scatter_rows: a 1-D operand and one start per row");
   Shape ishape = starts.shape();
   ishape.push_back(1);
-  std::string reg = region("", x.dtype(), 1);
+  std::string reg = region(std::nullopt, x.dtype(), 1);
   std::string attrs = "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [" + std::to_string(r) +
                       "], scatter_dims_to_operand_dims = [0], index_vector_dim = " + std::to_string(r) +
                       ">, indices_are_sorted = false, unique_indices = false";

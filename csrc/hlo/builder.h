@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tt::hlo {
@@ -63,6 +65,59 @@ class BuildError : public std::runtime_error {
 };
 
 enum class Cmp { EQ, NE, LT, LE, GT, GE };
+
+// The StableHLO ops Builder::unary / binary take, and the binary ops that are the
+// bodies of reductions, windows and scatters, each named as the StableHLO op. The
+// set is closed on purpose, so a misspelt op fails at build time: add an op here to use it.
+// (`and`, `or`, `xor` and `not` are C++ alternative tokens: those constants end in `_`.)
+namespace op {
+struct Unary {
+  const char* name;
+};
+struct Binary {
+  const char* name;
+};
+constexpr bool operator==(Unary a, Unary b) { return std::string_view(a.name) == b.name; }
+constexpr bool operator!=(Unary a, Unary b) { return !(a == b); }
+constexpr bool operator==(Binary a, Binary b) { return std::string_view(a.name) == b.name; }
+constexpr bool operator!=(Binary a, Binary b) { return !(a == b); }
+
+inline constexpr Unary abs{"abs"};
+inline constexpr Unary ceil{"ceil"};
+inline constexpr Unary cosine{"cosine"};
+inline constexpr Unary count_leading_zeros{"count_leading_zeros"};
+inline constexpr Unary exponential{"exponential"};
+inline constexpr Unary exponential_minus_one{"exponential_minus_one"};
+inline constexpr Unary floor{"floor"};
+inline constexpr Unary log{"log"};
+inline constexpr Unary log_plus_one{"log_plus_one"};
+inline constexpr Unary logistic{"logistic"};
+inline constexpr Unary negate{"negate"};
+inline constexpr Unary not_{"not"};
+inline constexpr Unary round_nearest_even{"round_nearest_even"};
+inline constexpr Unary rsqrt{"rsqrt"};
+inline constexpr Unary sign{"sign"};
+inline constexpr Unary sine{"sine"};
+inline constexpr Unary sqrt{"sqrt"};
+inline constexpr Unary tan{"tan"};
+inline constexpr Unary tanh{"tanh"};
+
+inline constexpr Binary add{"add"};
+inline constexpr Binary and_{"and"};
+inline constexpr Binary atan2{"atan2"};
+inline constexpr Binary divide{"divide"};
+inline constexpr Binary maximum{"maximum"};
+inline constexpr Binary minimum{"minimum"};
+inline constexpr Binary multiply{"multiply"};
+inline constexpr Binary or_{"or"};
+inline constexpr Binary power{"power"};
+inline constexpr Binary remainder{"remainder"};
+inline constexpr Binary shift_left{"shift_left"};
+inline constexpr Binary shift_right_arithmetic{"shift_right_arithmetic"};
+inline constexpr Binary shift_right_logical{"shift_right_logical"};
+inline constexpr Binary subtract{"subtract"};
+inline constexpr Binary xor_{"xor"};
+}  // namespace op
 
 struct DotDims {
   std::vector<int64_t> lhs_batch, rhs_batch, lhs_contract, rhs_contract;
@@ -155,16 +210,16 @@ class Builder {
   Value highest(DType t);  // +inf, or the type's maximum (scalar)
 
   // ---- elementwise (operands must already share shape; see broadcast_to)
-  Value unary(const std::string& name, Value x);               // "exponential", "tanh", ...
-  Value binary(const std::string& name, Value a, Value b);     // "add", "multiply", ...
-  Value add(Value a, Value b) { return binary("add", a, b); }
-  Value sub(Value a, Value b) { return binary("subtract", a, b); }
-  Value mul(Value a, Value b) { return binary("multiply", a, b); }
-  Value div(Value a, Value b) { return binary("divide", a, b); }
+  Value unary(op::Unary f, Value x);             // op::exponential, op::tanh, ...
+  Value binary(op::Binary f, Value a, Value b);  // op::add, op::multiply, ...
+  Value add(Value a, Value b) { return binary(op::add, a, b); }
+  Value sub(Value a, Value b) { return binary(op::subtract, a, b); }
+  Value mul(Value a, Value b) { return binary(op::multiply, a, b); }
+  Value div(Value a, Value b) { return binary(op::divide, a, b); }
   // NaN-propagating for floats (the XLA CPU plugin's maximum/minimum drop a NaN second operand)
   Value max(Value a, Value b);
   Value min(Value a, Value b);
-  Value neg(Value x) { return unary("negate", x); }
+  Value neg(Value x) { return unary(op::negate, x); }
   // complex parts: real/imag of a complex value (its part type), a complex value from
   // two real ones of one type, and the conjugate (a real x unchanged)
   Value real(Value x);
@@ -191,12 +246,12 @@ class Builder {
   Value pad(Value x, Value pad_value, const Shape& lo, const Shape& hi, const Shape& interior);
   Value reverse(Value x, const std::vector<int64_t>& dims);
 
-  // ---- reductions: body is "add", "maximum", "minimum", "multiply", "and", "or"
-  Value reduce(Value x, Value init, const std::vector<int64_t>& dims, const std::string& body);
+  // ---- reductions: body is op::add, op::maximum, op::minimum, op::multiply, op::and_, op::or_
+  Value reduce(Value x, Value init, const std::vector<int64_t>& dims, op::Binary body);
   // Variadic (value, index) reduction for argmax/argmin along `dim`.
   std::pair<Value, Value> reduce_arg(Value x, int64_t dim, bool is_max);
   Value reduce_window(Value x, Value init, const Shape& window, const Shape& strides,
-                      const std::vector<std::pair<int64_t, int64_t>>& padding, const std::string& body);
+                      const std::vector<std::pair<int64_t, int64_t>>& padding, op::Binary body);
 
   // ---- contraction
   // precision: "" (plugin default) or DEFAULT / HIGH / HIGHEST (precision_config)
@@ -213,8 +268,9 @@ class Builder {
   // torch.gather semantics: out[i...] = x[..., idx[i...], ...] at `dim`; idx has x's rank.
   Value take_along(Value x, Value idx, int64_t dim);
   // Scatter of `updates` into x at positions idx (shape [N, K]) over dims `dims`
-  // of x; updates has shape [N] + remaining (window) dims of x. body "add" or "" (replace).
-  Value scatter(Value x, Value idx, Value updates, const std::vector<int64_t>& dims, const std::string& body);
+  // of x; updates has shape [N] + remaining (window) dims of x. body op::add (or another
+  // combining op) or std::nullopt (replace).
+  Value scatter(Value x, Value idx, Value updates, const std::vector<int64_t>& dims, std::optional<op::Binary> body);
   // x[idx[i...]] = updates[i...] for a 1-D x: idx has updates' shape plus a trailing 1;
   // positions out of range are skipped. updates keeps its shape (a dynamic one masks its padding).
   Value scatter_nd(Value x, Value idx, Value updates);
@@ -249,9 +305,9 @@ class Builder {
   std::vector<Value> emit_typed(const std::string& op, const std::vector<Value>& operands,
                                 const std::vector<Type>& results, const std::string& attrs = "",
                                 const std::string& region = "");
-  std::string region(const std::string& body, DType t, int n) ;
+  std::string region(std::optional<op::Binary> body, DType t, int n);  // std::nullopt: keep the update
   static std::string replica_groups(const Groups& groups);
-  static std::string combiner(const std::string& reduce);  // the region body of a reduction
+  static op::Binary combiner(const std::string& reduce);  // the region body of a reduction
   static int64_t group_split(const char* op, Value x, int64_t dim, const Groups& groups);
   Value fresh(const Type& t) { return Value{next_++, t}; }
   bool dry_ = false;

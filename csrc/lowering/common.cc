@@ -263,13 +263,13 @@ Value sum(Builder& b, Value x, const std::vector<int64_t>& dims) {
   DType acc = compute_type(x.dtype());
   if (acc == DType::Pred) acc = DType::S64;
   Value xa = b.convert(x, acc);
-  return b.reduce(xa, b.constant(0, acc), dims, "add");
+  return b.reduce(xa, b.constant(0, acc), dims, op::add);
 }
 
 Value reduce_extreme(Builder& b, Value x, const std::vector<int64_t>& dims, bool is_max) {
-  Value r = b.reduce(x, is_max ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, is_max ? "maximum" : "minimum");
+  Value r = b.reduce(x, is_max ? b.lowest(x.dtype()) : b.highest(x.dtype()), dims, is_max ? op::maximum : op::minimum);
   if (!hlo::is_float(x.dtype()) || dims.empty()) return r;
-  Value nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), dims, "or");
+  Value nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), dims, op::or_);
   return b.select(nan, b.constant(NAN, x.dtype(), r.shape()), r);
 }
 
@@ -382,7 +382,7 @@ Value hash32(Builder& b, Value x) {
   const Shape& s = x.shape();
   auto k = [&](int64_t v) { return b.constant_int(v, DType::U32, s); };
   auto xorshift = [&](Value v, int64_t sh) {
-    return b.binary("xor", v, b.binary("shift_right_logical", v, k(sh)));
+    return b.binary(op::xor_, v, b.binary(op::shift_right_logical, v, k(sh)));
   };
   x = xorshift(x, 16);
   x = b.mul(x, k(0x7feb352d));
@@ -397,12 +397,12 @@ Value random_bits(Ctx& c, int64_t n) {
   Shape s{n};
   Value ctr = b.add(b.iota(DType::U32, s, 0), b.broadcast_to(base, s));
   Value kk = b.broadcast_to(key, s);
-  Value h = hash32(b, b.binary("xor", ctr, b.mul(kk, b.constant_int(0x9E3779B1, DType::U32, s))));
+  Value h = hash32(b, b.binary(op::xor_, ctr, b.mul(kk, b.constant_int(0x9E3779B1, DType::U32, s))));
   return hash32(b, b.add(h, kk));
 }
 Value bits_to_unit(Builder& b, Value bits) {
   const Shape& s = bits.shape();
-  Value top = b.binary("shift_right_logical", bits, b.constant_int(8, DType::U32, s));
+  Value top = b.binary(op::shift_right_logical, bits, b.constant_int(8, DType::U32, s));
   return b.mul(b.convert(top, DType::F32), b.constant(1.0 / 16777216.0, DType::F32, s));
 }
 }  // namespace
@@ -421,9 +421,9 @@ Value normal01(Ctx& c, const Shape& s) {
   Value u1 = b.slice(u, {0}, {h}, {1}), u2 = b.slice(u, {h}, {2 * h}, {1});
   // u1 in (0, 1]: avoid log(0)
   u1 = b.sub(b.constant(1.0, DType::F32, hs), u1);
-  Value r = b.unary("sqrt", b.mul(b.constant(-2.0, DType::F32, hs), b.unary("log", u1)));
+  Value r = b.unary(op::sqrt, b.mul(b.constant(-2.0, DType::F32, hs), b.unary(op::log, u1)));
   Value th = b.mul(b.constant(6.283185307179586, DType::F32, hs), u2);
-  Value z = b.concatenate({b.mul(r, b.unary("cosine", th)), b.mul(r, b.unary("sine", th))}, 0);
+  Value z = b.concatenate({b.mul(r, b.unary(op::cosine, th)), b.mul(r, b.unary(op::sine, th))}, 0);
   return b.reshape(b.slice(z, {0}, {n}, {1}), s);
 }
 
@@ -452,13 +452,13 @@ void check_range(Ctx& c, Value idx, Extent lo, Extent hi, bool index_error, cons
   Builder& b = c.b;
   Value i = b.reshape(b.convert(idx, DType::S64), {n});
   // bad = i < lo or i >= hi; value = the largest offending index (else the smallest)
-  Value bad = b.binary("or", b.compare(i, lo.as(b, {n}), hlo::Cmp::LT), b.compare(i, hi.as(b, {n}), hlo::Cmp::GE));
-  Value any = b.reduce(bad, b.constant_int(0, DType::Pred), {0}, "or");
+  Value bad = b.binary(op::or_, b.compare(i, lo.as(b, {n}), hlo::Cmp::LT), b.compare(i, hi.as(b, {n}), hlo::Cmp::GE));
+  Value any = b.reduce(bad, b.constant_int(0, DType::Pred), {0}, op::or_);
   Value low = b.lowest(DType::S64);
-  Value worst = b.reduce(b.select(bad, i, b.broadcast_to(low, {n})), low, {0}, "maximum");
+  Value worst = b.reduce(b.select(bad, i, b.broadcast_to(low, {n})), low, {0}, op::maximum);
   if (hi.dynamic()) {  // the offending value in the low 32 bits, the run-time size in the high ones
     Value mask = b.constant_int(0xffffffffLL, DType::S64);
-    worst = b.binary("or", b.binary("and", worst, mask), b.binary("shift_left", hi.v, b.constant_int(32, DType::S64)));
+    worst = b.binary(op::or_, b.binary(op::and_, worst, mask), b.binary(op::shift_left, hi.v, b.constant_int(32, DType::S64)));
   }
   c.env.check(any, worst, index_error, message);
 }

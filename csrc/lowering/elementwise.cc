@@ -52,29 +52,29 @@ DType result_type(const Ctx& c, std::initializer_list<size_t> idx) {
 
 // ---- generic family rules
 // ops that round to an integer: the identity on integer (and bool) tensors
-bool rounds(const std::string& op) { return op == "floor" || op == "ceil" || op == "round_nearest_even"; }
+bool rounds(op::Unary f) { return f == op::floor || f == op::ceil || f == op::round_nearest_even; }
 
-Rule unary(const char* op) {
-  return [op](Ctx& c) -> V {
+Rule unary(op::Unary f) {
+  return [f](Ctx& c) -> V {
     Value x = c.in(0);
     // bool -> bool: CPU implements only sign and bitwise_not (the Meta kernels accept the rest)
-    if (x.dtype() == DType::Pred && c.odt() == DType::Pred && std::string(op) != "sign" && std::string(op) != "not")
-      throw UserError(std::string(op) + " is not implemented for 'Bool'");
-    if (rounds(op) && !hlo::is_float(x.dtype()) && !hlo::is_complex(x.dtype())) return {c.in_out(0, c.odt())};
-    if (std::string(op) == "sign" && x.dtype() == DType::Pred) return {c.in_out(0, c.odt())};  // sign(bool) = itself
-    if (std::string(op) == "sign" && hlo::is_float(x.dtype())) {  // sign(x) = (x > 0) - (x < 0): 0 for NaN, as on CPU
+    if (x.dtype() == DType::Pred && c.odt() == DType::Pred && f != op::sign && f != op::not_)
+      throw UserError(std::string(f.name) + " is not implemented for 'Bool'");
+    if (rounds(f) && !hlo::is_float(x.dtype()) && !hlo::is_complex(x.dtype())) return {c.in_out(0, c.odt())};
+    if (f == op::sign && x.dtype() == DType::Pred) return {c.in_out(0, c.odt())};  // sign(bool) = itself
+    if (f == op::sign && hlo::is_float(x.dtype())) {  // sign(x) = (x > 0) - (x < 0): 0 for NaN, as on CPU
       DType t = c.odt();
       Value u = c.in_out(0, t), z = c.b.zeros(t, u.shape());
       return {c.b.sub(c.b.convert(c.b.compare(u, z, hlo::Cmp::GT), t), c.b.convert(c.b.compare(u, z, hlo::Cmp::LT), t))};
     }
     if (hlo::is_unsigned(x.dtype())) {  // StableHLO's abs/sign take signed types: |x| = x, sign(x) = x != 0
       Value u = c.in_out(0, c.odt());
-      if (std::string(op) == "abs") return {u};
-      if (std::string(op) == "sign") return {c.b.convert(c.b.compare(u, c.b.zeros(u.dtype(), u.shape()), hlo::Cmp::NE), c.odt())};
+      if (f == op::abs) return {u};
+      if (f == op::sign) return {c.b.convert(c.b.compare(u, c.b.zeros(u.dtype(), u.shape()), hlo::Cmp::NE), c.odt())};
     }
     if (hlo::is_complex(x.dtype()) && !hlo::is_complex(c.odt()))  // abs of complex: a real result
-      return {c.b.emit(op, {c.b.broadcast_to(x, c.oshape())}, Type{c.odt(), c.oshape()})};
-    return {c.b.unary(op, c.in_out(0, c.odt()))};
+      return {c.b.emit(f.name, {c.b.broadcast_to(x, c.oshape())}, Type{c.odt(), c.oshape()})};
+    return {c.b.unary(f, c.in_out(0, c.odt()))};
   };
 }
 // Computes in the accumulation type (f32 for f16/bf16), as CUDA does.
@@ -84,10 +84,10 @@ Rule unary_fn(std::function<Value(Builder&, Value)> f) {
     return {c.b.convert(f(c.b, c.in_out(0, t)), c.odt())};
   };
 }
-Rule binary(const char* op) {
-  return [op](Ctx& c) -> V {
+Rule binary(op::Binary f) {
+  return [f](Ctx& c) -> V {
     DType t = c.odt();
-    return {c.b.binary(op, c.in_out(0, t), c.in_out(1, t))};
+    return {c.b.binary(f, c.in_out(0, t), c.in_out(1, t))};
   };
 }
 Rule binary_fn(std::function<Value(Builder&, Value, Value)> f) {
@@ -102,13 +102,13 @@ Rule compare(hlo::Cmp dir) {
     return {c.b.compare(c.in_out(0, t), c.in_out(1, t), dir)};
   };
 }
-Rule logical(const char* op) {
-  return [op](Ctx& c) -> V {
+Rule logical(op::Binary f) {
+  return [f](Ctx& c) -> V {
     auto as_bool = [&](size_t i) {
       Value x = c.in_out(i, result_type(c, {i}));
       return x.dtype() == DType::Pred ? x : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE);
     };
-    return {c.b.binary(op, as_bool(0), as_bool(1))};
+    return {c.b.binary(f, as_bool(0), as_bool(1))};
   };
 }
 
@@ -152,7 +152,7 @@ Value erf(Builder& b, Value x) {
 Value gelu(Builder& b, Value x, bool tanh_form) {
   if (tanh_form) {
     Value inner = b.mul(k(b, 0.7978845608028654, x), b.add(x, b.mul(k(b, 0.044715, x), b.mul(x, b.mul(x, x)))));
-    return b.mul(b.mul(k(b, 0.5, x), x), b.add(k(b, 1.0, x), b.unary("tanh", inner)));
+    return b.mul(b.mul(k(b, 0.5, x), x), b.add(k(b, 1.0, x), b.unary(op::tanh, inner)));
   }
   Value cdf = b.mul(k(b, 0.5, x), b.add(k(b, 1.0, x), erf(b, b.mul(x, k(b, M_SQRT1_2, x)))));
   return b.mul(x, cdf);
@@ -164,28 +164,28 @@ Value gelu_grad(Builder& b, Value x, bool tanh_form) {
     const double kb = 0.7978845608028654, kk = 0.044715;
     Value x2 = b.mul(x, x);
     Value inner = b.mul(k(b, kb, x), b.add(x, b.mul(k(b, kk, x), b.mul(x2, x))));
-    Value t = b.unary("tanh", inner);
+    Value t = b.unary(op::tanh, inner);
     Value dinner = b.mul(k(b, kb, x), b.add(k(b, 1.0, x), b.mul(k(b, 3 * kk, x), x2)));
     Value left = b.mul(k(b, 0.5, x), b.add(k(b, 1.0, x), t));
     Value right = b.mul(b.mul(k(b, 0.5, x), x), b.mul(b.sub(k(b, 1.0, x), b.mul(t, t)), dinner));
     return b.add(left, right);
   }
   Value cdf = b.mul(k(b, 0.5, x), b.add(k(b, 1.0, x), erf(b, b.mul(x, k(b, M_SQRT1_2, x)))));
-  Value pdf = b.mul(k(b, 0.3989422804014327, x), b.unary("exponential", b.mul(k(b, -0.5, x), b.mul(x, x))));
+  Value pdf = b.mul(k(b, 0.3989422804014327, x), b.unary(op::exponential, b.mul(k(b, -0.5, x), b.mul(x, x))));
   return b.add(cdf, b.mul(x, pdf));
 }
 
-Value sigmoid(Builder& b, Value x) { return b.unary("logistic", x); }
+Value sigmoid(Builder& b, Value x) { return b.unary(op::logistic, x); }
 
 Value trunc(Builder& b, Value x) {
-  return b.select(b.compare(x, k(b, 0, x), hlo::Cmp::LT), b.unary("ceil", x), b.unary("floor", x));
+  return b.select(b.compare(x, k(b, 0, x), hlo::Cmp::LT), b.unary(op::ceil, x), b.unary(op::floor, x));
 }
 
 // Python-style remainder: a - floor(a / b) * b (ints: sign follows b).
 Value remainder(Builder& b, Value x, Value y) {
-  Value r = b.binary("remainder", x, y);
+  Value r = b.binary(op::remainder, x, y);
   Value zero = k(b, 0, r);
-  Value fix = b.binary("and", b.compare(r, zero, hlo::Cmp::NE),
+  Value fix = b.binary(op::and_, b.compare(r, zero, hlo::Cmp::NE),
                        b.compare(b.compare(r, zero, hlo::Cmp::LT), b.compare(y, k(b, 0, y), hlo::Cmp::LT),
                                  hlo::Cmp::NE));
   return b.select(fix, b.add(r, y), r);
@@ -196,12 +196,12 @@ Value remainder(Builder& b, Value x, Value y) {
 // differ in sign, then rounded to the nearest integer; a / b for b = 0, and a signed
 // zero for a zero quotient.
 Value floor_div(Builder& b, Value x, Value y) {
-  Value zero = k(b, 0, x), m = b.binary("remainder", x, y);
+  Value zero = k(b, 0, x), m = b.binary(op::remainder, x, y);
   Value q = b.div(b.sub(x, m), y);
-  Value fix = b.binary("and", b.compare(m, zero, hlo::Cmp::NE),
+  Value fix = b.binary(op::and_, b.compare(m, zero, hlo::Cmp::NE),
                        b.compare(b.compare(y, zero, hlo::Cmp::LT), b.compare(m, zero, hlo::Cmp::LT), hlo::Cmp::NE));
   q = b.select(fix, b.sub(q, k(b, 1, q)), q);
-  Value f = b.unary("floor", q);
+  Value f = b.unary(op::floor, q);
   f = b.select(b.compare(b.sub(q, f), k(b, 0.5, q), hlo::Cmp::GT), b.add(f, k(b, 1, f)), f);
   Value plain = b.div(x, y);
   Value signed_zero = b.mul(zero, plain);  // +-0 with the sign of a / b
@@ -224,7 +224,7 @@ void check_int_divisor(Ctx& c, size_t i) {
   int64_t n = hlo::numel(d.shape());
   if (n == 0) return;
   Value flat = b.reshape(d, {n});
-  Value zero = b.reduce(b.compare(flat, k(b, 0, flat), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {0}, "or");
+  Value zero = b.reduce(b.compare(flat, k(b, 0, flat), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {0}, op::or_);
   c.env.check(zero, b.constant_int(0, DType::S64), false, "ZeroDivisionError");
 }
 
@@ -242,8 +242,8 @@ V div_mode(Ctx& c, size_t mode_arg, const char* forced = nullptr) {
   if (hlo::is_int(t)) {
     Value q = b.div(a, d);  // truncates
     if (mode == "trunc") return {q};
-    Value r = b.binary("remainder", a, d);
-    Value adjust = b.binary("and", b.compare(r, k(b, 0, r), hlo::Cmp::NE),
+    Value r = b.binary(op::remainder, a, d);
+    Value adjust = b.binary(op::and_, b.compare(r, k(b, 0, r), hlo::Cmp::NE),
                             b.compare(b.compare(r, k(b, 0, r), hlo::Cmp::LT),
                                       b.compare(d, k(b, 0, d), hlo::Cmp::LT), hlo::Cmp::NE));
     return {b.select(adjust, b.sub(q, k(b, 1, q)), q)};
@@ -267,10 +267,10 @@ V pow_scalar(Ctx& c) {
   if (e == 1.0) return {x};
   if (e == 2.0) return {b.mul(x, x)};
   if (e == 3.0) return {b.mul(x, b.mul(x, x))};
-  if (e == 0.5 && hlo::is_float(t)) return {b.unary("sqrt", x)};
-  if (e == -0.5 && hlo::is_float(t)) return {b.unary("rsqrt", x)};
+  if (e == 0.5 && hlo::is_float(t)) return {b.unary(op::sqrt, x)};
+  if (e == -0.5 && hlo::is_float(t)) return {b.unary(op::rsqrt, x)};
   if (e == -1.0 && hlo::is_float(t)) return {b.div(k(b, 1, x), x)};
-  return {b.binary("power", x, c.in_out(1, t))};
+  return {b.binary(op::power, x, c.in_out(1, t))};
 }
 
 // clamp(x, min?, max?) with scalar or tensor bounds; NaN in x propagates.
@@ -304,7 +304,7 @@ void check_bool_sub(Ctx& c) {
 // number even where it is 1, as CPU's kernels do: (1+1j) + (inf+infj) is nan+nanj there
 Value complex_axpy(Ctx& c, Value a, Value b, bool negate, DType ct) {
   Value alpha = c.has(2) ? c.in_out(2, ct) : c.b.scalar_like(1.0, b);
-  if (negate) alpha = c.b.unary("negate", alpha);
+  if (negate) alpha = c.b.unary(op::negate, alpha);
   return c.b.add(a, c.b.mul(alpha, b));
 }
 // add(a, b, alpha) = a + alpha * b, f16/bf16 computed in f32 and rounded
@@ -337,7 +337,7 @@ V lower_remainder(Ctx& c) {
 }
 V lower_fmod(Ctx& c) {
   check_int_divisor(c, 1);
-  return binary("remainder")(c);
+  return binary(op::remainder)(c);
 }
 // lerp(a, b, w) = a + w * (b - a); these fused formulas compute in the accumulation
 // type (f16/bf16 in f32) and round once, as CPU does
@@ -365,17 +365,17 @@ V lower_trunc(Ctx& c) {
 // cosh(x) = (e^a + e^-a) / 2; above a = 20 both (e^(a/2) / 2) e^(a/2), finite as long as the result is
 Value sinh_fn(Builder& b, Value x) {
   if (hlo::is_complex(x.dtype())) throw Unsupported("sinh of a complex tensor (real formula)");
-  Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
-  Value tiny = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential_minus_one", a), b.unary("exponential_minus_one", b.neg(a))));
-  Value mid = b.mul(k(b, 0.5, x), b.sub(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
+  Value a = b.unary(op::abs, x), h = b.unary(op::exponential, b.mul(a, k(b, 0.5, x)));
+  Value tiny = b.mul(k(b, 0.5, x), b.sub(b.unary(op::exponential_minus_one, a), b.unary(op::exponential_minus_one, b.neg(a))));
+  Value mid = b.mul(k(b, 0.5, x), b.sub(b.unary(op::exponential, a), b.unary(op::exponential, b.neg(a))));
   Value r = b.select(b.compare(a, k(b, 1, x), Cmp::LT), tiny,
                      b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid));
   return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
 }
 Value cosh_fn(Builder& b, Value x) {
   if (hlo::is_complex(x.dtype())) throw Unsupported("cosh of a complex tensor (real formula)");
-  Value a = b.unary("abs", x), h = b.unary("exponential", b.mul(a, k(b, 0.5, x)));
-  Value mid = b.mul(k(b, 0.5, x), b.add(b.unary("exponential", a), b.unary("exponential", b.neg(a))));
+  Value a = b.unary(op::abs, x), h = b.unary(op::exponential, b.mul(a, k(b, 0.5, x)));
+  Value mid = b.mul(k(b, 0.5, x), b.add(b.unary(op::exponential, a), b.unary(op::exponential, b.neg(a))));
   return b.select(b.compare(a, k(b, 20, x), Cmp::GT), b.mul(b.mul(k(b, 0.5, x), h), h), mid);
 }
 // atan(x) = atan2(x, 1), with the 1 as a runtime parameter: the XLA CPU
@@ -385,35 +385,35 @@ V lower_atan(Ctx& c) {
   DType t = compute_type(c.odt());
   Value x = c.in_out(0, t);
   Value one = c.b.broadcast_to(c.env.scalar_param(1.0, false, t), x.shape());
-  return {c.b.convert(c.b.binary("atan2", x, one), c.odt())};
+  return {c.b.convert(c.b.binary(op::atan2, x, one), c.odt())};
 }
 // asin(x) = atan2(x, sqrt(1 - x^2)); acos(x) = atan2(sqrt(1 - x^2), x)
 Value asin_fn(Builder& b, Value x) {
-  return b.binary("atan2", x, b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))));
+  return b.binary(op::atan2, x, b.unary(op::sqrt, b.sub(k(b, 1, x), b.mul(x, x))));
 }
 Value acos_fn(Builder& b, Value x) {
-  return b.binary("atan2", b.unary("sqrt", b.sub(k(b, 1, x), b.mul(x, x))), x);
+  return b.binary(op::atan2, b.unary(op::sqrt, b.sub(k(b, 1, x), b.mul(x, x))), x);
 }
 // inverse hyperbolics, a = |x|: asinh = sign(x) log1p(a + a^2 / (1 + sqrt(1 + a^2))),
 // acosh = log1p((x - 1) + sqrt((x - 1)(x + 1))), both log(a) + log 2 for large a
 // (where a^2 would overflow); atanh = 0.5 * log1p(2x / (1 - x))
 Value asinh_fn(Builder& b, Value x) {
   if (hlo::is_complex(x.dtype())) throw Unsupported("asinh of a complex tensor (real formula)");
-  Value a = b.unary("abs", x);
+  Value a = b.unary(op::abs, x);
   Value big = b.compare(a, k(b, large_arg(x.dtype()), x), Cmp::GT);
   Value as = b.select(big, k(b, 1, x), a);
-  Value small = b.unary("log_plus_one", b.add(as, b.div(b.mul(as, as), b.add(k(b, 1, x), b.unary("sqrt", b.add(k(b, 1, x), b.mul(as, as)))))));
-  Value r = b.select(big, b.add(b.unary("log", a), k(b, M_LN2, x)), small);
+  Value small = b.unary(op::log_plus_one, b.add(as, b.div(b.mul(as, as), b.add(k(b, 1, x), b.unary(op::sqrt, b.add(k(b, 1, x), b.mul(as, as)))))));
+  Value r = b.select(big, b.add(b.unary(op::log, a), k(b, M_LN2, x)), small);
   return b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
 }
 Value acosh_fn(Builder& b, Value x) {
   Value big = b.compare(x, k(b, large_arg(x.dtype()), x), Cmp::GT);
   Value xs = b.select(big, k(b, 1, x), x), d = b.sub(xs, k(b, 1, x));
-  Value small = b.unary("log_plus_one", b.add(d, b.unary("sqrt", b.mul(d, b.add(xs, k(b, 1, x))))));
-  return b.select(big, b.add(b.unary("log", x), k(b, M_LN2, x)), small);
+  Value small = b.unary(op::log_plus_one, b.add(d, b.unary(op::sqrt, b.mul(d, b.add(xs, k(b, 1, x))))));
+  return b.select(big, b.add(b.unary(op::log, x), k(b, M_LN2, x)), small);
 }
 Value atanh_fn(Builder& b, Value x) {
-  return b.mul(k(b, 0.5, x), b.unary("log_plus_one", b.div(b.mul(k(b, 2, x), x), b.sub(k(b, 1, x), x))));
+  return b.mul(k(b, 0.5, x), b.unary(op::log_plus_one, b.div(b.mul(k(b, 2, x), x), b.sub(k(b, 1, x), x))));
 }
 // logaddexp(a, b) = max + log1p(exp(-|a - b|)); logaddexp2 in base 2
 Value logaddexp_fn(Builder& b, Value x, Value y) {
@@ -425,31 +425,31 @@ Value logaddexp_fn(Builder& b, Value x, Value y) {
     Value x_lo = b.compare(xr, yr, Cmp::LT);
     Value lo = b.select(x_lo, x, y), hi = b.select(x_lo, y, x);
     Value lr = b.real(lo), li = b.imag(lo), hr = b.real(hi);
-    Value nan_lo = b.binary("or", b.compare(lr, lr, Cmp::NE), b.compare(li, li, Cmp::NE));
-    Value inf_eq = b.binary("and", b.compare(lr, hr, Cmp::EQ), b.compare(b.unary("abs", lr), b.constant(INFINITY, part, x.shape()), Cmp::EQ));
+    Value nan_lo = b.binary(op::or_, b.compare(lr, lr, Cmp::NE), b.compare(li, li, Cmp::NE));
+    Value inf_eq = b.binary(op::and_, b.compare(lr, hr, Cmp::EQ), b.compare(b.unary(op::abs, lr), b.constant(INFINITY, part, x.shape()), Cmp::EQ));
     Value neg = b.compare(lr, b.zeros(part, x.shape()), Cmp::LT);
-    Value general = b.add(hi, b.unary("log_plus_one", b.unary("exponential", b.sub(lo, hi))));
-    Value pinf = b.unary("log", b.add(b.unary("exponential", lo), b.unary("exponential", hi)));
+    Value general = b.add(hi, b.unary(op::log_plus_one, b.unary(op::exponential, b.sub(lo, hi))));
+    Value pinf = b.unary(op::log, b.add(b.unary(op::exponential, lo), b.unary(op::exponential, hi)));
     Value r = b.select(inf_eq, b.select(neg, lo, pinf), general);
     Value qnan = b.constant(NAN, part, x.shape());
     return b.select(nan_lo, b.complex(qnan, qnan), r);
   }
   Value m = b.max(x, y);
-  Value d = b.unary("abs", b.sub(x, y));
-  Value r = b.add(m, b.unary("log_plus_one", b.unary("exponential", b.neg(d))));
+  Value d = b.unary(op::abs, b.sub(x, y));
+  Value r = b.add(m, b.unary(op::log_plus_one, b.unary(op::exponential, b.neg(d))));
   return b.select(b.compare(x, y, Cmp::EQ), b.add(x, k(b, M_LN2, x)), r);  // also inf == inf
 }
 Value logaddexp2_fn(Builder& b, Value x, Value y) {
   Value m = b.max(x, y);
-  Value d = b.mul(b.unary("abs", b.sub(x, y)), k(b, M_LN2, x));
-  Value r = b.add(m, b.mul(b.unary("log_plus_one", b.unary("exponential", b.neg(d))), k(b, M_LOG2E, x)));
+  Value d = b.mul(b.unary(op::abs, b.sub(x, y)), k(b, M_LN2, x));
+  Value r = b.add(m, b.mul(b.unary(op::log_plus_one, b.unary(op::exponential, b.neg(d))), k(b, M_LOG2E, x)));
   return b.select(b.compare(x, y, Cmp::EQ), b.add(x, k(b, 1, x)), r);
 }
 // copysign(a, b) = |a| with b's sign bit
 Value copysign_fn(Builder& b, Value x, Value y) {
   DType it = int_like(y.dtype());
   Value neg = b.compare(b.bitcast(y, it), b.constant_int(0, it, y.shape()), Cmp::LT);
-  Value ax = b.unary("abs", x);
+  Value ax = b.unary(op::abs, x);
   return b.select(neg, b.neg(ax), ax);
 }
 // fmax/fmin ignore NaN: NaN only when both are NaN
@@ -463,16 +463,16 @@ Rule fmax_fmin(bool is_max) {
 // hypot(a, b) = m sqrt(1 + (s / m)^2), m = max(|a|, |b|), s = min: no overflow of a^2;
 // inf if either is inf (even with a NaN), as IEEE's hypot
 Value hypot_fn(Builder& b, Value x, Value y) {
-  Value ax = b.unary("abs", x), ay = b.unary("abs", y);
+  Value ax = b.unary(op::abs, x), ay = b.unary(op::abs, y);
   Value m = b.max(ax, ay), s = b.min(ax, ay);
   Value q = b.div(s, b.select(b.compare(m, k(b, 0, m), Cmp::EQ), k(b, 1, m), m));
-  Value r = b.mul(m, b.unary("sqrt", b.add(k(b, 1, q), b.mul(q, q))));
+  Value r = b.mul(m, b.unary(op::sqrt, b.add(k(b, 1, q), b.mul(q, q))));
   Value inf = k(b, INFINITY, x);
-  return b.select(b.binary("or", b.compare(ax, inf, Cmp::EQ), b.compare(ay, inf, Cmp::EQ)), inf, r);
+  return b.select(b.binary(op::or_, b.compare(ax, inf, Cmp::EQ), b.compare(ay, inf, Cmp::EQ)), inf, r);
 }
 // xlogy(x, y) = x == 0 ? 0 : x * log(y) (NaN y propagates)
 Value xlogy_fn(Builder& b, Value x, Value y) {
-  Value r = b.mul(x, b.unary("log", y));
+  Value r = b.mul(x, b.unary(op::log, y));
   Value zero = b.select(b.compare(y, y, Cmp::NE), y, k(b, 0, x));
   return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), zero, r);
 }
@@ -497,12 +497,12 @@ V lower_signbit(Ctx& c) {
 // sinc(x) = x == 0 ? 1 : sin(pi x) / (pi x)
 Value sinc_fn(Builder& b, Value x) {
   Value px = b.mul(x, k(b, M_PI, x));
-  return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 1, x), b.div(b.unary("sine", px), px));
+  return b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 1, x), b.div(b.unary(op::sine, px), px));
 }
 // angle(x): atan2(im, re) for complex x; for real x isnan(x) ? x : x < 0 ? pi : 0
 V lower_angle(Ctx& c) {
   Value x = c.in(0);
-  if (hlo::is_complex(x.dtype())) return {c.b.convert(c.b.binary("atan2", c.b.imag(x), c.b.real(x)), c.odt())};
+  if (hlo::is_complex(x.dtype())) return {c.b.convert(c.b.binary(op::atan2, c.b.imag(x), c.b.real(x)), c.odt())};
   static const Rule real = unary_fn([](Builder& b, Value v) {
     Value a = b.select(b.compare(v, k(b, 0, v), Cmp::LT), k(b, M_PI, v), k(b, 0, v));
     return b.select(b.compare(v, v, Cmp::NE), v, a);
@@ -523,7 +523,7 @@ V lower_nextafter(Ctx& c) {
   Value from0 = b.select(b.compare(y, k(b, 0, y), Cmp::GT), tiny, b.neg(tiny));
   Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), from0, step);
   r = b.select(b.compare(x, y, Cmp::EQ), y, r);
-  return {b.select(b.binary("or", b.compare(x, x, Cmp::NE), b.compare(y, y, Cmp::NE)), b.add(x, y), r)};
+  return {b.select(b.binary(op::or_, b.compare(x, x, Cmp::NE), b.compare(y, y, Cmp::NE)), b.add(x, y), r)};
 }
 // frexp(x) = (m, e) with x = m * 2^e, 0.5 <= |m| < 1, from the bits alone (the
 // CPU plugin flushes subnormal arithmetic to zero): m keeps x's sign and fraction
@@ -540,17 +540,17 @@ V lower_frexp(Ctx& c) {
   DType it = int_like(t);
   Value bits = b.bitcast(x, it);
   auto ik = [&](int64_t v) { return b.constant_int(wrap_int(v, it), it, x.shape()); };
-  auto band = [&](Value u, int64_t m) { return b.binary("and", u, ik(m)); };
-  Value e = band(b.binary("shift_right_logical", bits, ik(mant)), emask);
+  auto band = [&](Value u, int64_t m) { return b.binary(op::and_, u, ik(m)); };
+  Value e = band(b.binary(op::shift_right_logical, bits, ik(mant)), emask);
   Value f = band(bits, (int64_t{1} << mant) - 1);
-  Value lead = b.sub(ik(width - 1), b.unary("count_leading_zeros", f));  // bit of f's leading one
+  Value lead = b.sub(ik(width - 1), b.unary(op::count_leading_zeros, f));  // bit of f's leading one
   Value sub = b.compare(e, ik(0), Cmp::EQ);
-  Value fs = band(b.binary("shift_left", f, b.sub(ik(mant), lead)), (int64_t{1} << mant) - 1);
+  Value fs = band(b.binary(op::shift_left, f, b.sub(ik(mant), lead)), (int64_t{1} << mant) - 1);
   Value ex = b.select(sub, b.add(lead, ik(2 - bias - mant)), b.sub(e, ik(bias - 1)));
-  Value mbits = b.binary("or", band(bits, static_cast<int64_t>(uint64_t{1} << (width - 1))), ik((bias - 1) << mant));
-  Value m = b.bitcast(b.binary("or", mbits, b.select(sub, fs, f)), t);
-  Value special = b.binary("or", b.compare(e, ik(emask), Cmp::EQ),
-                           b.binary("and", sub, b.compare(f, ik(0), Cmp::EQ)));
+  Value mbits = b.binary(op::or_, band(bits, static_cast<int64_t>(uint64_t{1} << (width - 1))), ik((bias - 1) << mant));
+  Value m = b.bitcast(b.binary(op::or_, mbits, b.select(sub, fs, f)), t);
+  Value special = b.binary(op::or_, b.compare(e, ik(emask), Cmp::EQ),
+                           b.binary(op::and_, sub, b.compare(f, ik(0), Cmp::EQ)));
   return {b.select(special, x, m), b.convert(b.select(special, ik(0), ex), c.odt(1))};
 }
 // round(x, decimals) = round(x * 10^d) / 10^d
@@ -559,14 +559,14 @@ V lower_round_decimals(Ctx& c) {
   Value x = c.in_out(0, t);
   double scale = std::pow(10.0, static_cast<double>(c.int_(1)));
   Value sc = k(c.b, scale, x);
-  return {c.b.convert(c.b.div(c.b.unary("round_nearest_even", c.b.mul(x, sc)), sc), c.odt())};
+  return {c.b.convert(c.b.div(c.b.unary(op::round_nearest_even, c.b.mul(x, sc)), sc), c.odt())};
 }
 // log_sigmoid_forward(x) -> (y, buffer): y = min(x, 0) - log1p(exp(-|x|))
 V lower_log_sigmoid_forward(Ctx& c) {
   DType t = compute_type(c.odt());
   Builder& b = c.b;
   Value x = c.in_out(0, t);
-  Value y = b.sub(b.min(x, k(b, 0, x)), b.unary("log_plus_one", b.unary("exponential", b.neg(b.unary("abs", x)))));
+  Value y = b.sub(b.min(x, k(b, 0, x)), b.unary(op::log_plus_one, b.unary(op::exponential, b.neg(b.unary(op::abs, x)))));
   return {b.convert(y, c.odt()), b.zeros(c.odt(1), c.oshape(1))};
 }
 // log_sigmoid_backward(g, x, buffer) = g * sigmoid(-x)
@@ -597,7 +597,7 @@ V lower_isnan(Ctx& c) {
 V lower_isinf(Ctx& c) {
   Value x = c.in(0);
   if (!hlo::is_float(x.dtype())) return {c.b.constant_int(0, DType::Pred, x.shape())};
-  return {c.b.compare(c.b.unary("abs", x), c.b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ)};
+  return {c.b.compare(c.b.unary(op::abs, x), c.b.constant(INFINITY, x.dtype(), x.shape()), Cmp::EQ)};
 }
 // isneginf (neg) / isposinf
 V lower_isneginf_isposinf(Ctx& c, bool neg) {
@@ -607,7 +607,7 @@ V lower_isneginf_isposinf(Ctx& c, bool neg) {
 }
 V lower_logical_not(Ctx& c) {
   Value x = c.in(0);
-  Value r = x.dtype() == DType::Pred ? c.b.unary("not", x) : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), Cmp::EQ);
+  Value r = x.dtype() == DType::Pred ? c.b.unary(op::not_, x) : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), Cmp::EQ);
   return {r};
 }
 
@@ -620,8 +620,8 @@ Rule shift(bool left) {
   return [left](Ctx& c) -> V {
     DType t = c.odt();
     if (!hlo::is_int(t)) throw Unsupported("shift of a non-integer tensor");
-    const char* op = left ? "shift_left" : hlo::is_unsigned(t) ? "shift_right_logical" : "shift_right_arithmetic";
-    return {c.b.binary(op, c.in_out(0, t), c.in_out(1, t))};
+    op::Binary f = left ? op::shift_left : hlo::is_unsigned(t) ? op::shift_right_logical : op::shift_right_arithmetic;
+    return {c.b.binary(f, c.in_out(0, t), c.in_out(1, t))};
   };
 }
 
@@ -642,8 +642,8 @@ V lower_gelu(Ctx& c) {
   return {c.b.convert(gelu(c.b, c.in_out(0, t), tanh_form), c.odt())};
 }
 Value mish_fn(Builder& b, Value x) {
-  Value sp = b.unary("log_plus_one", b.unary("exponential", x));
-  return b.mul(x, b.unary("tanh", sp));
+  Value sp = b.unary(op::log_plus_one, b.unary(op::exponential, x));
+  return b.mul(x, b.unary(op::tanh, sp));
 }
 V lower_hardtanh(Ctx& c) {
   DType t = c.odt();
@@ -661,7 +661,7 @@ V lower_elu(Ctx& c) {
   Builder& b = c.b;
   Value x = c.in_out(0, t);
   Value alpha = c.in_out(1, t), scale = c.in_out(2, t), iscale = c.in_out(3, t);
-  Value neg = b.mul(alpha, b.unary("exponential_minus_one", b.mul(x, iscale)));
+  Value neg = b.mul(alpha, b.unary(op::exponential_minus_one, b.mul(x, iscale)));
   return {b.convert(b.mul(scale, b.select(b.compare(x, k(b, 0, x), Cmp::GT), x, neg)), c.odt())};
 }
 // softplus(x) = x * beta > threshold ? x : log1p(exp(beta x)) / beta
@@ -670,7 +670,7 @@ V lower_softplus(Ctx& c) {
   Builder& b = c.b;
   Value x = c.in_out(0, t), beta = c.in_out(1, t), th = c.in_out(2, t);
   Value bx = b.mul(x, beta);
-  Value soft = b.div(b.unary("log_plus_one", b.unary("exponential", bx)), beta);
+  Value soft = b.div(b.unary(op::log_plus_one, b.unary(op::exponential, bx)), beta);
   return {b.convert(b.select(b.compare(bx, th, Cmp::GT), x, soft), c.odt())};
 }
 Value hardsigmoid_fn(Builder& b, Value x) {
@@ -696,7 +696,7 @@ V lower_softshrink(Ctx& c) {
 // hardshrink(x, l) = -l <= x <= l ? 0 : x; both backward kernels: -l <= x <= l ? 0 : g
 Value in_band(Ctx& c, Value x, size_t l_arg) {
   Value l = c.in_out(l_arg, x.dtype());
-  return c.b.binary("and", c.b.compare(x, c.b.neg(l), Cmp::GE), c.b.compare(x, l, Cmp::LE));
+  return c.b.binary(op::and_, c.b.compare(x, c.b.neg(l), Cmp::GE), c.b.compare(x, l, Cmp::LE));
 }
 V lower_hardshrink(Ctx& c) {
   Value x = c.in_out(0, c.odt());
@@ -745,7 +745,7 @@ V lower_hardtanh_backward(Ctx& c) {
   DType t = c.odt();
   Builder& b = c.b;
   Value g = c.in_out(0, t), x = c.in_out(1, t);
-  Value inside = b.binary("and", b.compare(x, c.in_out(2, t), Cmp::GT), b.compare(x, c.in_out(3, t), Cmp::LT));
+  Value inside = b.binary(op::and_, b.compare(x, c.in_out(2, t), Cmp::GT), b.compare(x, c.in_out(3, t), Cmp::LT));
   return {b.select(inside, g, k(b, 0, g))};
 }
 // leaky_relu_backward(g, x, slope, self_is_result) = x > 0 ? g : g * slope
@@ -762,7 +762,7 @@ V lower_elu_backward(Ctx& c) {
   Value g = c.in_out(0, t), alpha = c.in_out(1, t), scale = c.in_out(2, t), is = c.in_out(3, t);
   Value v = c.in_out(5, t);
   Value neg = c.flag(4) ? b.mul(is, b.add(v, b.mul(alpha, scale)))
-                        : b.mul(b.mul(is, b.mul(alpha, scale)), b.unary("exponential", b.mul(v, is)));
+                        : b.mul(b.mul(is, b.mul(alpha, scale)), b.unary(op::exponential, b.mul(v, is)));
   Value d = b.select(b.compare(v, k(b, 0, v), Cmp::GT), scale, neg);
   return {b.convert(b.mul(g, d), c.odt())};
 }
@@ -775,7 +775,7 @@ V lower_logit(Ctx& c) {
     double e = c.num(1);
     x = b.clamp(k(b, e, x), x, k(b, 1 - e, x));
   }
-  return {b.convert(b.unary("log", b.div(x, b.sub(k(b, 1, x), x))), c.odt())};
+  return {b.convert(b.unary(op::log, b.div(x, b.sub(k(b, 1, x), x))), c.odt())};
 }
 // logit'(x) = 1 / (x (1 - x)); with eps: 0 outside [eps, 1 - eps]
 V lower_logit_backward(Ctx& c) {
@@ -785,10 +785,10 @@ V lower_logit_backward(Ctx& c) {
   Value d = b.div(g, b.mul(x, b.sub(k(b, 1, x), x)));
   if (c.has(2)) {
     double e = c.num(2);
-    Value out = b.binary("or", b.compare(x, k(b, e, x), Cmp::LT), b.compare(x, k(b, 1 - e, x), Cmp::GT));
+    Value out = b.binary(op::or_, b.compare(x, k(b, e, x), Cmp::LT), b.compare(x, k(b, 1 - e, x), Cmp::GT));
     d = b.select(out, k(b, 0, x), d);
   } else {
-    Value out = b.binary("or", b.compare(x, k(b, 0, x), Cmp::LT), b.compare(x, k(b, 1, x), Cmp::GT));
+    Value out = b.binary(op::or_, b.compare(x, k(b, 0, x), Cmp::LT), b.compare(x, k(b, 1, x), Cmp::GT));
     d = b.select(out, k(b, NAN, x), d);
   }
   return {b.convert(d, c.odt())};
@@ -798,7 +798,7 @@ V lower_hardsigmoid_backward(Ctx& c) {
   DType t = compute_type(c.odt());
   Builder& b = c.b;
   Value g = c.in_out(0, t), x = c.in_out(1, t);
-  Value in = b.binary("and", b.compare(x, k(b, -3, x), Cmp::GT), b.compare(x, k(b, 3, x), Cmp::LT));
+  Value in = b.binary(op::and_, b.compare(x, k(b, -3, x), Cmp::GT), b.compare(x, k(b, 3, x), Cmp::LT));
   return {b.convert(b.select(in, b.div(g, k(b, 6, x)), k(b, 0, x)), c.odt())};
 }
 // hardswish'(x) = x < -3 ? 0 : x <= 3 ? (2x + 3) / 6 : 1
@@ -833,20 +833,20 @@ void register_elementwise() {
       // product is exact, so the result is the same
       {"aten::mul.Tensor", binary_fn([](Builder& b, Value x, Value y) { return b.mul(x, y); })},
       {"aten::mul.Scalar", binary_fn([](Builder& b, Value x, Value y) { return b.mul(x, y); })},
-      {"aten::div.Tensor", [](Ctx& c) { return div_mode(c, 99); }},
-      {"aten::div.Scalar", [](Ctx& c) { return div_mode(c, 99); }},
+      {"aten::div.Tensor", [](Ctx& c) { return div_mode(c, kNoArg); }},
+      {"aten::div.Scalar", [](Ctx& c) { return div_mode(c, kNoArg); }},
       {"aten::div.Tensor_mode", [](Ctx& c) { return div_mode(c, 2); }},
       {"aten::div.Scalar_mode", [](Ctx& c) { return div_mode(c, 2); }},
-      {"aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); }},
-      {"aten::floor_divide.Scalar", [](Ctx& c) -> V { return div_mode(c, 99, "floor"); }},
+      {"aten::floor_divide", [](Ctx& c) -> V { return div_mode(c, kNoArg, "floor"); }},
+      {"aten::floor_divide.Scalar", [](Ctx& c) -> V { return div_mode(c, kNoArg, "floor"); }},
       // maximum / minimum: NaN if either is NaN (Builder::max / min)
       {"aten::maximum", [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; }},
       {"aten::minimum", [](Ctx& c) -> V { return {c.b.min(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; }},
       {"aten::remainder.Tensor", lower_remainder}, {"aten::remainder.Scalar", lower_remainder},
       {"aten::fmod.Tensor", lower_fmod}, {"aten::fmod.Scalar", lower_fmod},
-      {"aten::atan2", binary_fn([](Builder& b, Value y, Value x) { return b.binary("atan2", y, x); })},
+      {"aten::atan2", binary_fn([](Builder& b, Value y, Value x) { return b.binary(op::atan2, y, x); })},
       {"aten::pow.Tensor_Scalar", pow_scalar},
-      {"aten::pow.Tensor_Tensor", binary("power")}, {"aten::pow.Scalar", binary("power")},
+      {"aten::pow.Tensor_Tensor", binary(op::power)}, {"aten::pow.Scalar", binary(op::power)},
       {"aten::clamp", clamp}, {"aten::clamp.Tensor", clamp},
       {"aten::clamp_min", [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; }},
       {"aten::clamp_min.Tensor", [](Ctx& c) -> V { return {c.b.max(c.in_out(0, c.odt()), c.in_out(1, c.odt()))}; }},
@@ -857,19 +857,19 @@ void register_elementwise() {
       {"aten::addcdiv", [](Ctx& c) { return lower_addcmul_addcdiv(c, true); }},
 
       // ---- unary math (table rows over the generic unary rules)
-      {"aten::neg", unary("negate")}, {"aten::abs", unary("abs")}, {"aten::exp", unary("exponential")},
-      {"aten::log", unary("log")}, {"aten::log1p", unary("log_plus_one")},
-      {"aten::expm1", unary("exponential_minus_one")}, {"aten::sqrt", unary("sqrt")},
-      {"aten::rsqrt", unary("rsqrt")}, {"aten::sin", unary("sine")}, {"aten::cos", unary("cosine")},
-      {"aten::tan", unary("tan")}, {"aten::tanh", unary("tanh")}, {"aten::sigmoid", unary("logistic")},
-      {"aten::floor", unary("floor")}, {"aten::ceil", unary("ceil")}, {"aten::round", unary("round_nearest_even")},
-      {"aten::sign", unary("sign")}, {"aten::sgn", unary("sign")}, {"aten::bitwise_not", unary("not")},
+      {"aten::neg", unary(op::negate)}, {"aten::abs", unary(op::abs)}, {"aten::exp", unary(op::exponential)},
+      {"aten::log", unary(op::log)}, {"aten::log1p", unary(op::log_plus_one)},
+      {"aten::expm1", unary(op::exponential_minus_one)}, {"aten::sqrt", unary(op::sqrt)},
+      {"aten::rsqrt", unary(op::rsqrt)}, {"aten::sin", unary(op::sine)}, {"aten::cos", unary(op::cosine)},
+      {"aten::tan", unary(op::tan)}, {"aten::tanh", unary(op::tanh)}, {"aten::sigmoid", unary(op::logistic)},
+      {"aten::floor", unary(op::floor)}, {"aten::ceil", unary(op::ceil)}, {"aten::round", unary(op::round_nearest_even)},
+      {"aten::sign", unary(op::sign)}, {"aten::sgn", unary(op::sign)}, {"aten::bitwise_not", unary(op::not_)},
       {"aten::trunc", lower_trunc},
       {"aten::frac", unary_fn([](Builder& b, Value x) { return b.sub(x, trunc(b, x)); })},
       {"aten::reciprocal", unary_fn([](Builder& b, Value x) { return b.div(k(b, 1, x), x); })},
-      {"aten::log2", unary_fn([](Builder& b, Value x) { return b.mul(b.unary("log", x), k(b, M_LOG2E, x)); })},
-      {"aten::log10", unary_fn([](Builder& b, Value x) { return b.mul(b.unary("log", x), k(b, M_LOG10E, x)); })},
-      {"aten::exp2", unary_fn([](Builder& b, Value x) { return b.unary("exponential", b.mul(x, k(b, M_LN2, x))); })},
+      {"aten::log2", unary_fn([](Builder& b, Value x) { return b.mul(b.unary(op::log, x), k(b, M_LOG2E, x)); })},
+      {"aten::log10", unary_fn([](Builder& b, Value x) { return b.mul(b.unary(op::log, x), k(b, M_LOG10E, x)); })},
+      {"aten::exp2", unary_fn([](Builder& b, Value x) { return b.unary(op::exponential, b.mul(x, k(b, M_LN2, x))); })},
       {"aten::erf", unary_fn(erf)},
       {"aten::erfc", unary_fn([](Builder& b, Value x) { return b.emit("chlo.erfc", {x}, x.type); })},
       {"aten::sinh", unary_fn(sinh_fn)}, {"aten::cosh", unary_fn(cosh_fn)},
@@ -897,10 +897,10 @@ void register_elementwise() {
       {"aten::le.Tensor", compare(Cmp::LE)}, {"aten::le.Scalar", compare(Cmp::LE)},
       {"aten::gt.Tensor", compare(Cmp::GT)}, {"aten::gt.Scalar", compare(Cmp::GT)},
       {"aten::ge.Tensor", compare(Cmp::GE)}, {"aten::ge.Scalar", compare(Cmp::GE)},
-      {"aten::logical_and", logical("and")}, {"aten::logical_or", logical("or")}, {"aten::logical_xor", logical("xor")},
-      {"aten::bitwise_and.Tensor", binary("and")}, {"aten::bitwise_and.Scalar", binary("and")},
-      {"aten::bitwise_or.Tensor", binary("or")}, {"aten::bitwise_or.Scalar", binary("or")},
-      {"aten::bitwise_xor.Tensor", binary("xor")}, {"aten::bitwise_xor.Scalar", binary("xor")},
+      {"aten::logical_and", logical(op::and_)}, {"aten::logical_or", logical(op::or_)}, {"aten::logical_xor", logical(op::xor_)},
+      {"aten::bitwise_and.Tensor", binary(op::and_)}, {"aten::bitwise_and.Scalar", binary(op::and_)},
+      {"aten::bitwise_or.Tensor", binary(op::or_)}, {"aten::bitwise_or.Scalar", binary(op::or_)},
+      {"aten::bitwise_xor.Tensor", binary(op::xor_)}, {"aten::bitwise_xor.Scalar", binary(op::xor_)},
       // shifts; __ilshift__ / __irshift__ are in place (x <<= n)
       {"aten::__lshift__.Tensor", shift(true)}, {"aten::__lshift__.Scalar", shift(true)},
       {"aten::__ilshift__.Tensor", shift(true)}, {"aten::__ilshift__.Scalar", shift(true)},

@@ -68,7 +68,7 @@ void register_fft() {
     Builder& b = c.b;
     DType part = hlo::real_part(c.odt());
     Value r = c.in_out(0, part), t = c.in_out(1, part);
-    return {b.complex(b.mul(r, b.unary("cosine", t)), b.mul(r, b.unary("sine", t)))};
+    return {b.complex(b.mul(r, b.unary(op::cosine, t)), b.mul(r, b.unary(op::sine, t)))};
   });
   // conj_physical(x) = re(x) - i im(x) (real x unchanged)
   add_rule("aten::conj_physical", [](Ctx& c) -> V { return {c.b.conj(c.in(0))}; });

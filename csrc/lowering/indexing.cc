@@ -74,7 +74,7 @@ V scatter_along(Ctx& c, bool add, bool src_is_tensor) {
   else if (!reduce.empty()) throw Unsupported("scatter reduce=" + reduce);
   std::vector<int64_t> all;
   for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
-  Value out = b.scatter(x, coords_along(b, idx, dim, x.rank()), b.reshape(upd, {n}), all, add ? "add" : "");
+  Value out = b.scatter(x, coords_along(b, idx, dim, x.rank()), b.reshape(upd, {n}), all, add ? std::optional(op::add) : std::nullopt);
   return {b.reshape(out, c.oshape())};
 }
 
@@ -176,27 +176,27 @@ V reduce_into(Ctx& c, Value x, int64_t dim, Value idx, Value src, const std::str
   Value coords = coords_along(b, idx, dim, x.rank());
   Value upd = b.reshape(src, {n});
   // how many updates each position receives
-  Value count = b.scatter(b.zeros(t, x.shape()), coords, b.constant(1, t, {n}), all, "add");
+  Value count = b.scatter(b.zeros(t, x.shape()), coords, b.constant(1, t, {n}), all, op::add);
   Value hit = b.compare(count, b.zeros(t, x.shape()), hlo::Cmp::GT);
   auto base = [&](Value neutral) { return include_self ? x : b.select(hit, neutral, x); };
   if (red == "sum" || red == "mean") {
-    Value s = b.scatter(base(b.zeros(t, x.shape())), coords, upd, all, "add");
+    Value s = b.scatter(base(b.zeros(t, x.shape())), coords, upd, all, op::add);
     if (red == "sum") return {s};
     Value cnt = include_self ? b.add(count, b.constant(1, t, x.shape())) : b.max(count, b.constant(1, t, x.shape()));
     Value m = b.div(s, cnt);
     if (hlo::is_int(t)) {  // PyTorch floors integer means
-      Value r = b.binary("remainder", s, cnt);
-      Value adj = b.binary("and", b.compare(r, b.zeros(t, r.shape()), hlo::Cmp::NE),
+      Value r = b.binary(op::remainder, s, cnt);
+      Value adj = b.binary(op::and_, b.compare(r, b.zeros(t, r.shape()), hlo::Cmp::NE),
                            b.compare(s, b.zeros(t, s.shape()), hlo::Cmp::LT));
       m = b.select(adj, b.sub(m, b.constant(1, t, m.shape())), m);
     }
     return {b.select(hit, m, x)};
   }
-  if (red == "prod") return {b.scatter(base(b.constant(1, t, x.shape())), coords, upd, all, "multiply")};
+  if (red == "prod") return {b.scatter(base(b.constant(1, t, x.shape())), coords, upd, all, op::multiply)};
   if (red == "amax")
-    return {b.scatter(base(b.broadcast_to(b.lowest(t), x.shape())), coords, upd, all, "maximum")};
+    return {b.scatter(base(b.broadcast_to(b.lowest(t), x.shape())), coords, upd, all, op::maximum)};
   if (red == "amin")
-    return {b.scatter(base(b.broadcast_to(b.highest(t), x.shape())), coords, upd, all, "minimum")};
+    return {b.scatter(base(b.broadcast_to(b.highest(t), x.shape())), coords, upd, all, op::minimum)};
   throw Unsupported("scatter_reduce reduce=" + red);
 }
 
@@ -222,7 +222,7 @@ Value put_slices(Builder& b, Value x, int64_t dim, Value idx, Value src) {
   std::vector<int64_t> all;
   for (int64_t d = 0; d < x.rank(); ++d) all.push_back(d);
   int64_t n = hlo::numel(src.shape());
-  return b.scatter(x, coords_along(b, full, dim, x.rank()), b.reshape(src, {n}), all, "");
+  return b.scatter(x, coords_along(b, full, dim, x.rank()), b.reshape(src, {n}), all, std::nullopt);
 }
 
 // x(0) with its slices at idx(2) along dim(1) replaced by slices(dtype, their shape)
@@ -268,7 +268,7 @@ Value bin_counts(Builder& b, Value x, Value w, Value edges, int64_t bins, bool l
   Shape s{n};
   Value e0 = b.broadcast_to(b.reshape(b.slice(edges, {0}, {1}, {1}), {}), s);
   Value eL = b.broadcast_to(b.reshape(b.slice(edges, {bins}, {bins + 1}, {1}), {}), s);
-  Value inr = b.binary("and", b.compare(xf, e0, hlo::Cmp::GE), b.compare(xf, eL, hlo::Cmp::LE));
+  Value inr = b.binary(op::and_, b.compare(xf, e0, hlo::Cmp::GE), b.compare(xf, eL, hlo::Cmp::LE));
   Value pos;
   if (linear && hlo::is_int(t)) {
     // integers are binned as CUDA bins them: (x - lo) * bins / (hi - lo) in 64-bit integers
@@ -278,12 +278,12 @@ Value bin_counts(Builder& b, Value x, Value w, Value edges, int64_t bins, bool l
     pos = b.clamp(b.zeros(DType::S64, s), b.select(inr, q, b.zeros(DType::S64, s)),
                   b.constant_int(bins - 1, DType::S64, s));
   } else if (linear) {
-    Value f = b.unary("floor", b.div(b.mul(b.sub(xf, e0), b.constant(static_cast<double>(bins), t, s)), b.sub(eL, e0)));
+    Value f = b.unary(op::floor, b.div(b.mul(b.sub(xf, e0), b.constant(static_cast<double>(bins), t, s)), b.sub(eL, e0)));
     f = b.select(inr, f, b.zeros(t, s));
     pos = b.clamp(b.zeros(DType::S64, s), b.convert(f, DType::S64), b.constant_int(bins - 1, DType::S64, s));
     Value lo = b.take(edges, pos, 0), hi = b.take(edges, b.add(pos, b.constant_int(1, DType::S64, s)), 0);
-    Value down = b.binary("and", b.compare(xf, lo, hlo::Cmp::LT), b.compare(pos, b.zeros(DType::S64, s), hlo::Cmp::GT));
-    Value up = b.binary("and", b.compare(xf, hi, hlo::Cmp::GE),
+    Value down = b.binary(op::and_, b.compare(xf, lo, hlo::Cmp::LT), b.compare(pos, b.zeros(DType::S64, s), hlo::Cmp::GT));
+    Value up = b.binary(op::and_, b.compare(xf, hi, hlo::Cmp::GE),
                         b.compare(pos, b.constant_int(bins - 1, DType::S64, s), hlo::Cmp::LT));
     Value one = b.constant_int(1, DType::S64, s);
     pos = b.select(down, b.sub(pos, one), b.select(up, b.add(pos, one), pos));
@@ -291,13 +291,13 @@ Value bin_counts(Builder& b, Value x, Value w, Value edges, int64_t bins, bool l
     Value inner = b.slice(edges, {1}, {bins}, {1});  // edges[1 .. bins-1]
     Value ge = b.compare(b.broadcast_in_dim(xf, {n, bins - 1}, {0}), b.broadcast_in_dim(inner, {n, bins - 1}, {1}),
                          hlo::Cmp::GE);
-    pos = b.reduce(b.convert(ge, DType::S64), b.constant_int(0, DType::S64), {1}, "add");
+    pos = b.reduce(b.convert(ge, DType::S64), b.constant_int(0, DType::S64), {1}, op::add);
   } else {
     pos = b.zeros(DType::S64, s);
   }
   Value slot = b.select(inr, pos, b.constant_int(bins, DType::S64, s));
   Value upd = w.valid() ? b.reshape(b.convert(w, t), {n}) : b.constant(1, t, s);
-  Value h = b.scatter(b.zeros(t, {bins + 1}), b.reshape(slot, {n, 1}), upd, {0}, "add");
+  Value h = b.scatter(b.zeros(t, {bins + 1}), b.reshape(slot, {n, 1}), upd, {0}, op::add);
   return b.slice(h, {0}, {bins}, {1});
 }
 
@@ -305,7 +305,7 @@ Value bin_counts(Builder& b, Value x, Value w, Value edges, int64_t bins, bool l
 std::pair<Value, Value> data_range(Builder& b, Value x, DType t) {
   int64_t n = hlo::numel(x.shape());
   Value xf = b.reshape(b.convert(x, t), {n});
-  Value lo = b.reduce(xf, b.highest(t), {0}, "minimum"), hi = b.reduce(xf, b.lowest(t), {0}, "maximum");
+  Value lo = b.reduce(xf, b.highest(t), {0}, op::minimum), hi = b.reduce(xf, b.lowest(t), {0}, op::maximum);
   Value same = b.compare(lo, hi, hlo::Cmp::EQ);
   Value half = b.constant(0.5, t);
   return {b.select(same, b.sub(lo, half), lo), b.select(same, b.add(hi, half), hi)};
@@ -313,7 +313,7 @@ std::pair<Value, Value> data_range(Builder& b, Value x, DType t) {
 
 Value density(Builder& b, Value h, Value edges, int64_t bins) {
   Value width = b.sub(b.slice(edges, {1}, {bins + 1}, {1}), b.slice(edges, {0}, {bins}, {1}));
-  Value total = b.broadcast_to(b.reduce(h, b.zeros(h.dtype(), {}), {0}, "add"), {bins});
+  Value total = b.broadcast_to(b.reduce(h, b.zeros(h.dtype(), {}), {0}, op::add), {bins});
   return b.div(h, b.mul(total, width));
 }
 }  // namespace
@@ -323,7 +323,7 @@ Value density(Builder& b, Value h, Value edges, int64_t bins) {
 Value true_rank(Builder& b, Value flat_mask) {
   int64_t n = flat_mask.shape()[0];
   Value ones = b.convert(flat_mask, DType::S64);
-  Value run = b.reduce_window(ones, b.constant_int(0, DType::S64), {n}, {1}, {{n - 1, 0}}, "add");
+  Value run = b.reduce_window(ones, b.constant_int(0, DType::S64), {n}, {1}, {{n - 1, 0}}, op::add);
   return b.sub(run, b.constant_int(1, DType::S64, {n}));
 }
 
@@ -340,7 +340,7 @@ V lower_masked_scatter(Ctx& c) {
   Value m = b.reshape(b.broadcast_to(b.convert(c.in(1), DType::Pred), s), {n});
   Value src = c.in(2);
   int64_t ns = hlo::numel(src.shape());
-  Value ones = b.reduce(b.convert(m, DType::S64), b.constant_int(0, DType::S64), {0}, "add");
+  Value ones = b.reduce(b.convert(m, DType::S64), b.constant_int(0, DType::S64), {0}, op::add);
   check_range(c, ones, 0, ns + 1, false, "Number of elements of source < number of ones in mask");
   if (ns == 0) return {c.in_out(0, c.odt())};
   Value pos = b.clamp(b.constant_int(0, DType::S64, {n}), true_rank(b, m), b.constant_int(ns - 1, DType::S64, {n}));
@@ -360,7 +360,7 @@ V lower_masked_scatter_backward(Ctx& c) {
                         b.constant_int(0, DType::Pred, {n}));
   Value slot = b.select(keep, rank, b.constant_int(ns, DType::S64, {n}));
   Value out = b.scatter(b.zeros(c.odt(), {ns + 1}), b.reshape(slot, {n, 1}),
-                        b.reshape(b.convert(g, c.odt()), {n}), {0}, "add");
+                        b.reshape(b.convert(g, c.odt()), {n}), {0}, op::add);
   return {b.reshape(b.slice(out, {0}, {ns}, {1}), c.oshape())};
 }
 V lower_index_select(Ctx& c) {
@@ -421,7 +421,7 @@ V lower_index_put(Ctx& c) {
   vals = b.reshape(vals, us);
   bool acc = c.flag_or(3, false);
   Value coords = b.reshape(a.coords, {hlo::numel(a.bshape), static_cast<int64_t>(a.dims.size())});
-  return {b.scatter(x, coords, vals, a.dims, acc ? "add" : "")};
+  return {b.scatter(x, coords, vals, a.dims, acc ? std::optional(op::add) : std::nullopt)};
 }
 // index_add(x, dim, idx, src, alpha) = x with x[.., idx[i], ..] += alpha * src[.., i, ..]
 V lower_index_add(Ctx& c) {
@@ -439,7 +439,7 @@ V lower_index_add(Ctx& c) {
     if (d != dim) perm.push_back(d);
   src = b.transpose(src, perm);
   int64_t n = hlo::numel(idx.shape());
-  Value out = b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, "add");
+  Value out = b.scatter(x, b.reshape(idx, {n, 1}), src, {dim}, op::add);
   return {scalar0 ? b.reshape(out, {}) : out};
 }
 // index_reduce(x, dim, idx, src, reduce, include_self) = scatter_reduce with idx spread over src's slices
@@ -486,7 +486,7 @@ V lower_put(Ctx& c) {
   check_range(c, c.in(1), -n, n, true, msg);
   Value idx = b.reshape(wrap_index(b, c.in(1), n), {k, 1});
   Value src = b.reshape(b.convert(c.in(2), x.dtype()), {k});
-  Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? "add" : "");
+  Value out = b.scatter(b.reshape(x, {n}), idx, src, {0}, c.flag_or(3, false) ? std::optional(op::add) : std::nullopt);
   return {b.reshape(out, x.shape())};
 }
 // searchsorted(seq, v, out_int32, right, side, sorter): CPU's binary search, unrolled
@@ -513,11 +513,11 @@ Value search(Ctx& c, Value seq, Value v, bool right) {
   while ((int64_t{1} << steps) <= m) ++steps;
   for (int i = 0; i < steps; ++i) {
     Value active = b.compare(lo, hi, hlo::Cmp::LT);
-    Value mid = b.add(lo, b.binary("shift_right_logical", b.sub(hi, lo), one));
+    Value mid = b.add(lo, b.binary(op::shift_right_logical, b.sub(hi, lo), one));
     Value at = b.take_along(seq, b.min(mid, b.constant_int(m - 1, DType::S64, v.shape())), seq.rank() - 1);
     Value below = b.compare(at, v, right ? hlo::Cmp::GT : hlo::Cmp::GE);  // false for NaN on either side
-    Value go_right = b.binary("and", active, b.unary("not", below));
-    Value go_left = b.binary("and", active, below);
+    Value go_right = b.binary(op::and_, active, b.unary(op::not_, below));
+    Value go_left = b.binary(op::and_, active, below);
     lo = b.select(go_right, b.add(mid, one), lo);
     hi = b.select(go_left, mid, hi);
   }
@@ -557,14 +557,14 @@ V lower_histc(Ctx& c) {
     if (hlo::is_float(t)) {  // data with inf or NaN: CPU's error, naming the data's range
       int64_t n = hlo::numel(x.shape());
       Value xf = b.convert(b.reshape(x, {n}), DType::F32);
-      Value nan = b.reduce(b.compare(xf, xf, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
-      Value mn = b.reduce(xf, b.highest(DType::F32), {0}, "minimum"), mx = b.reduce(xf, b.lowest(DType::F32), {0}, "maximum");
+      Value nan = b.reduce(b.compare(xf, xf, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, op::or_);
+      Value mn = b.reduce(xf, b.highest(DType::F32), {0}, op::minimum), mx = b.reduce(xf, b.lowest(DType::F32), {0}, op::maximum);
       mn = b.select(nan, b.constant(NAN, DType::F32), mn);  // any NaN: the range is [nan, nan]
       mx = b.select(nan, b.constant(NAN, DType::F32), mx);
       auto finite = [&](Value v) { return b.emit("is_finite", {v}, Type{DType::Pred, {}}); };
-      Value bad = b.unary("not", b.binary("and", finite(mn), finite(mx)));
+      Value bad = b.unary(op::not_, b.binary(op::and_, finite(mn), finite(mx)));
       auto bits = [&](Value v) { return b.convert(b.bitcast(v, DType::U32), DType::S64); };
-      Value pair = b.binary("or", b.binary("shift_left", bits(mn), b.constant_int(32, DType::S64)), bits(mx));
+      Value pair = b.binary(op::or_, b.binary(op::shift_left, bits(mn), b.constant_int(32, DType::S64)), bits(mx));
       c.env.check(bad, pair, false, "torch.histc: range of [{f32,f32}] is not finite");
     }
   } else {
@@ -627,7 +627,7 @@ V lower_embedding_dense_backward(Ctx& c) {
     rows = b.select(b.broadcast_in_dim(keep, {n, dmodel}, {0}), rows, b.zeros(rows.dtype(), rows.shape()));
   }
   Value zeros = b.zeros(rows.dtype(), {nw, dmodel});
-  return {b.scatter(zeros, b.reshape(flat, {n, 1}), rows, {0}, "add")};
+  return {b.scatter(zeros, b.reshape(flat, {n, 1}), rows, {0}, op::add)};
 }
 }  // namespace
 

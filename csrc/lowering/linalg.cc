@@ -64,42 +64,42 @@ Value cholesky_info(Builder& b, Value a, Value l) {
   DType t = a.dtype();
   Value row = b.iota(DType::S64, s, r - 2), col = b.iota(DType::S64, s, r - 1);
   Value zero = b.zeros(t, s);
-  Value diag = b.reduce(b.select(b.compare(row, col, hlo::Cmp::EQ), l, zero), b.zeros(t, {}), {r - 1}, "add");
-  Value good = b.binary("and", b.emit("is_finite", {diag}, Type{DType::Pred, diag.shape()}),
+  Value diag = b.reduce(b.select(b.compare(row, col, hlo::Cmp::EQ), l, zero), b.zeros(t, {}), {r - 1}, op::add);
+  Value good = b.binary(op::and_, b.emit("is_finite", {diag}, Type{DType::Pred, diag.shape()}),
                         b.compare(diag, b.zeros(t, diag.shape()), hlo::Cmp::GT));
-  Value failed = b.unary("not", b.reduce(good, b.constant_int(1, DType::Pred), {r - 2}, "and"));  // per matrix
+  Value failed = b.unary(op::not_, b.reduce(good, b.constant_int(1, DType::Pred), {r - 2}, op::and_));  // per matrix
   Value lower = keep_triangle(b, a, true);
   Value strict = b.select(b.compare(col, row, hlo::Cmp::LT), lower, zero);
   Value sym = b.add(lower, mT(b, strict));
-  auto any = [&](Builder& bb, Value p) { return all.empty() ? p : bb.reduce(p, bb.constant_int(0, DType::Pred), all, "or"); };
+  auto any = [&](Builder& bb, Value p) { return all.empty() ? p : bb.reduce(p, bb.constant_int(0, DType::Pred), all, op::or_); };
   Value info0 = b.zeros(DType::S32, batch);
   // carried: j, the trailing matrix, info, more
   auto out = b.while_loop(
       {b.constant_int(0, DType::S64), sym, info0, any(b, failed), failed},
       [n](Builder& bb, const std::vector<Value>& v) -> std::vector<Value> {
-        return {bb.binary("and", bb.compare(v[0], bb.constant_int(n, DType::S64), hlo::Cmp::LT), v[3])};
+        return {bb.binary(op::and_, bb.compare(v[0], bb.constant_int(n, DType::S64), hlo::Cmp::LT), v[3])};
       },
       [&](Builder& bb, const std::vector<Value>& v) -> std::vector<Value> {
         Value j = bb.broadcast_to(v[0], s), m = v[1], info = v[2], fail = v[4];
         Value at_col = bb.compare(col, j, hlo::Cmp::EQ);
-        Value pivot = bb.reduce(bb.select(bb.binary("and", bb.compare(row, j, hlo::Cmp::EQ), at_col), m, zero),
-                                bb.zeros(t, {}), last2, "add");
-        Value open = bb.binary("and", fail, bb.compare(info, bb.zeros(DType::S32, batch), hlo::Cmp::EQ));
-        Value bad = bb.unary("not", bb.compare(pivot, bb.zeros(t, batch), hlo::Cmp::GT));
+        Value pivot = bb.reduce(bb.select(bb.binary(op::and_, bb.compare(row, j, hlo::Cmp::EQ), at_col), m, zero),
+                                bb.zeros(t, {}), last2, op::add);
+        Value open = bb.binary(op::and_, fail, bb.compare(info, bb.zeros(DType::S32, batch), hlo::Cmp::EQ));
+        Value bad = bb.unary(op::not_, bb.compare(pivot, bb.zeros(t, batch), hlo::Cmp::GT));
         Value jj = bb.broadcast_to(bb.convert(bb.add(v[0], bb.constant_int(1, DType::S64)), DType::S32), batch);
-        info = bb.select(bb.binary("and", open, bad), jj, info);
+        info = bb.select(bb.binary(op::and_, open, bad), jj, info);
         // column j below the pivot, scaled: the rank-1 update of the trailing matrix
         Shape cs = batch;
         cs.push_back(n);
-        Value cj = bb.reduce(bb.select(at_col, m, zero), bb.zeros(t, {}), {r - 1}, "add");
+        Value cj = bb.reduce(bb.select(at_col, m, zero), bb.zeros(t, {}), {r - 1}, op::add);
         Value below = bb.compare(bb.iota(DType::S64, cs, r - 2), bb.broadcast_to(v[0], cs), hlo::Cmp::GT);
-        Value sp = bb.broadcast_in_dim(bb.unary("sqrt", pivot), cs, all);
+        Value sp = bb.broadcast_in_dim(bb.unary(op::sqrt, pivot), cs, all);
         Value lj = bb.select(below, bb.div(cj, sp), bb.zeros(t, cs));
         std::vector<int64_t> rows = all, cols = all;
         rows.push_back(r - 2);
         cols.push_back(r - 1);
         m = bb.sub(m, bb.mul(bb.broadcast_in_dim(lj, s, rows), bb.broadcast_in_dim(lj, s, cols)));
-        Value more = any(bb, bb.binary("and", fail, bb.compare(info, bb.zeros(DType::S32, batch), hlo::Cmp::EQ)));
+        Value more = any(bb, bb.binary(op::and_, fail, bb.compare(info, bb.zeros(DType::S32, batch), hlo::Cmp::EQ)));
         return {bb.add(v[0], bb.constant_int(1, DType::S64)), m, info, more, fail};
       });
   return out[2];
@@ -177,7 +177,7 @@ LU lu_factor(Builder& b, Value a, bool pivot) {
     if (pivot) {
       Value col = b.reshape(slice_last2(b, a, 0, m, k, k + 1), vs);
       Value below = b.compare(b.iota(DType::S64, vs, r - 2), b.constant_int(k, DType::S64, vs), hlo::Cmp::GE);
-      Value mag = b.select(below, b.unary("abs", col), b.broadcast_to(b.constant(-1, t), vs));
+      Value mag = b.select(below, b.unary(op::abs, col), b.broadcast_to(b.constant(-1, t), vs));
       p = b.reduce_arg(mag, r - 2, true).second;  // [..]
       // swap rows k and p
       Shape ms = a.shape();
@@ -192,7 +192,7 @@ LU lu_factor(Builder& b, Value a, bool pivot) {
     out.piv.push_back(p);
     Value pv = b.reshape(slice_last2(b, a, k, k + 1, k, k + 1), batch);  // pivot a[k, k]
     Value zero = b.compare(pv, b.zeros(t, batch), hlo::Cmp::EQ);
-    info = b.select(b.binary("and", zero, b.compare(info, b.zeros(DType::S32, batch), hlo::Cmp::EQ)),
+    info = b.select(b.binary(op::and_, zero, b.compare(info, b.zeros(DType::S32, batch), hlo::Cmp::EQ)),
                     b.constant_int(k + 1, DType::S32, batch), info);
     // multipliers l[i] = a[i, k] / pivot (rows below k), then a[i, j] -= l[i] a[k, j] (j > k)
     Value colk = b.broadcast_in_dim(b.reshape(slice_last2(b, a, 0, m, k, k + 1), vs), a.shape(), [&] {
@@ -214,7 +214,7 @@ LU lu_factor(Builder& b, Value a, bool pivot) {
     Value right = b.compare(cols_m, b.constant_int(k, DType::S64, a.shape()), hlo::Cmp::GT);
     Value atk = b.compare(cols_m, b.constant_int(k, DType::S64, a.shape()), hlo::Cmp::EQ);
     Value upd = b.sub(a, b.mul(l, rowk));
-    a = b.select(b.binary("and", below, right), upd, b.select(b.binary("and", below, atk), l, a));
+    a = b.select(b.binary(op::and_, below, right), upd, b.select(b.binary(op::and_, below, atk), l, a));
   }
   out.lu = a;
   out.perm = perm_from_swaps(b, out.piv, batch, m);
@@ -245,7 +245,7 @@ Value permute_rows(Builder& b, Value x, Value perm, bool inverse) {
     for (int64_t i = 0; i < q - 1; ++i) d.push_back(i);
     Value hit = b.compare(b.broadcast_in_dim(perm, sq, d), b.iota(DType::S64, sq, q - 1), hlo::Cmp::EQ);
     Value vals = b.broadcast_in_dim(idx, sq, d);
-    perm = b.reduce(b.select(hit, vals, b.zeros(DType::S64, sq)), b.constant_int(0, DType::S64), {q - 2}, "add");
+    perm = b.reduce(b.select(hit, vals, b.zeros(DType::S64, sq)), b.constant_int(0, DType::S64), {q - 2}, op::add);
   }
   Shape full = x.shape();
   std::vector<int64_t> d;
@@ -291,7 +291,7 @@ Value lu_solve(Builder& b, Value lu, Value perm, Value rhs, bool adjoint) {
 Value diag_of(Builder& b, Value x) {
   int64_t r = x.rank();
   Value eye = b.compare(b.iota(DType::S64, x.shape(), r - 2), b.iota(DType::S64, x.shape(), r - 1), hlo::Cmp::EQ);
-  return b.reduce(b.select(eye, x, b.zeros(x.dtype(), x.shape())), b.zeros(x.dtype(), {}), {r - 1}, "add");
+  return b.reduce(b.select(eye, x, b.zeros(x.dtype(), x.shape())), b.zeros(x.dtype(), {}), {r - 1}, op::add);
 }
 
 // (-1)^(number of real swaps)
@@ -543,7 +543,7 @@ V lower_linalg_det(Ctx& c) {
   if (hlo::numel(a.shape()) == 0)
     return {b.constant(1, c.odt(0), c.oshape(0)), b.zeros(c.odt(1), c.oshape(1)), b.zeros(c.odt(2), c.oshape(2))};
   LU f = lu_factor(b, factored(c, a), true);
-  Value d = b.reduce(diag_of(b, f.lu), b.constant(1, a.dtype()), {a.rank() - 2}, "multiply");
+  Value d = b.reduce(diag_of(b, f.lu), b.constant(1, a.dtype()), {a.rank() - 2}, op::multiply);
   return {b.mul(d, perm_sign(b, f.piv, batch, a.dtype())), f.lu, stack_pivots(b, f.piv, batch, c.odt(2))};
 }
 
@@ -559,13 +559,13 @@ V lower_linalg_slogdet(Ctx& c) {
   Value dg = diag_of(b, f.lu);
   int64_t last = a.rank() - 2;
   Value neg = b.reduce(b.convert(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::LT), DType::S64),
-                       b.constant_int(0, DType::S64), {last}, "add");
-  Value odd = b.compare(b.binary("remainder", neg, b.constant_int(2, DType::S64, neg.shape())),
+                       b.constant_int(0, DType::S64), {last}, op::add);
+  Value odd = b.compare(b.binary(op::remainder, neg, b.constant_int(2, DType::S64, neg.shape())),
                         b.zeros(DType::S64, neg.shape()), hlo::Cmp::NE);
   Value sign = b.mul(perm_sign(b, f.piv, batch, a.dtype()), b.select(odd, b.constant(-1, a.dtype(), batch), b.constant(1, a.dtype(), batch)));
-  Value zero = b.reduce(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {last}, "or");
+  Value zero = b.reduce(b.compare(dg, b.zeros(dg.dtype(), dg.shape()), hlo::Cmp::EQ), b.constant_int(0, DType::Pred), {last}, op::or_);
   sign = b.select(zero, b.zeros(a.dtype(), batch), sign);
-  Value logabs = b.reduce(b.unary("log", b.unary("abs", dg)), b.zeros(a.dtype(), {}), {last}, "add");
+  Value logabs = b.reduce(b.unary(op::log, b.unary(op::abs, dg)), b.zeros(a.dtype(), {}), {last}, op::add);
   return {sign, logabs, f.lu, stack_pivots(b, f.piv, batch, c.odt(3))};
 }
 }  // namespace

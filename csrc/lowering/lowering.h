@@ -28,6 +28,7 @@ using hlo::DType;
 using hlo::Shape;
 using hlo::Type;
 using hlo::Value;
+namespace op = hlo::op;  // the StableHLO ops Builder::unary / binary and reduction bodies take
 
 enum class Precision { DEFAULT = 0, HIGH = 1, HIGHEST = 2 };
 
@@ -127,6 +128,10 @@ class IndexError : public UserError {
  public:
   using UserError::UserError;
 };
+
+// An argument index no schema has: a rule parameterised by "which argument holds X" passes it
+// where the overload has no such argument (Ctx::has is false for it).
+inline constexpr size_t kNoArg = static_cast<size_t>(-1);
 
 class Ctx {
  public:

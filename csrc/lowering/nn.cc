@@ -10,8 +10,8 @@ using V = std::vector<Value>;
 using hlo::Cmp;
 
 // reduce x over `dims` and broadcast the result back to x's shape
-Value reduce_bcast(Builder& b, Value x, const std::vector<int64_t>& dims, const std::string& op, Value init) {
-  Value r = b.reduce(x, init, dims, op);
+Value reduce_bcast(Builder& b, Value x, const std::vector<int64_t>& dims, op::Binary body, Value init) {
+  Value r = b.reduce(x, init, dims, body);
   return b.broadcast_in_dim(keep_dims(b, r, x.shape(), dims), x.shape(), all_dims(x.rank()));
 }
 
@@ -24,12 +24,12 @@ Rule softmax(bool log) {
     bool scalar = x.rank() == 0;
     int64_t dim = wrap_dim(c.int_(1), x.rank());
     if (scalar) x = b.reshape(x, {1});
-    Value m = reduce_bcast(b, x, {dim}, "maximum", b.lowest(x.dtype()));
+    Value m = reduce_bcast(b, x, {dim}, op::maximum, b.lowest(x.dtype()));
     m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(m.dtype(), m.shape()));
     Value z = b.sub(x, m);
-    Value e = b.unary("exponential", z);
-    Value s = reduce_bcast(b, e, {dim}, "add", b.zeros(x.dtype(), {}));
-    Value r = b.convert(log ? b.sub(z, b.unary("log", s)) : b.div(e, s), c.odt());
+    Value e = b.unary(op::exponential, z);
+    Value s = reduce_bcast(b, e, {dim}, op::add, b.zeros(x.dtype(), {}));
+    Value r = b.convert(log ? b.sub(z, b.unary(op::log, s)) : b.div(e, s), c.odt());
     return {scalar ? b.reshape(r, {}) : r};
   };
 }
@@ -196,7 +196,7 @@ Value pool_count(Builder& b, const Value& x, const Pool& q, bool include_pad, in
     }
     ones = b.pad(ones, b.constant(1, t), lo, hi, in);
   }
-  return b.reduce_window(ones, b.zeros(t, {}), q.window, q.strides, pad, "add");
+  return b.reduce_window(ones, b.zeros(t, {}), q.window, q.strides, pad, op::add);
 }
 
 // avg_pool{n}d(x, k, stride, pad, ceil, count_include_pad, divisor?) = window sum / count
@@ -206,7 +206,7 @@ Rule avg_pool(int n) {
     DType t = compute_type(c.odt());
     Value x = b.convert(c.in(0), t);
     Pool q = pool_geometry(x, n, c.ints(1), c.ints(2), c.ints(3), c.oshape());
-    Value sum = b.reduce_window(x, b.zeros(t, {}), q.window, q.strides, q.pad, "add");
+    Value sum = b.reduce_window(x, b.zeros(t, {}), q.window, q.strides, q.pad, op::add);
     Value cnt = pool_count(b, x, q, c.flag_or(5, true), c.int_or(6, 0), t, sum.shape());
     return {b.convert(b.div(sum, cnt), c.odt())};
   };
@@ -233,7 +233,7 @@ Rule avg_pool_backward(int n) {
     }
     Value spread = b.pad(gs, b.zeros(t, {}), lo, hi, in);
     std::vector<std::pair<int64_t, int64_t>> none(r, {0, 0});
-    Value dx = b.reduce_window(spread, b.zeros(t, {}), q.window, Shape(r, 1), none, "add");
+    Value dx = b.reduce_window(spread, b.zeros(t, {}), q.window, Shape(r, 1), none, op::add);
     return {b.convert(dx, c.odt())};
   };
 }
@@ -291,9 +291,9 @@ V batch_norm(Ctx& c, const int (&a)[5], bool training, int mom, int eps_arg) {
   Value mean, var;
   if (training) {
     Value n = elements(b, x, d.red, t, d.cshape);  // the batch (and spatial) count at run time when bucketed
-    mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, "add"), n);
+    mean = b.div(b.reduce(x, b.zeros(t, {}), d.red, op::add), n);
     Value xc = b.sub(x, per_channel(b, mean, x.shape()));
-    var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, "add"), n);
+    var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), d.red, op::add), n);
     if (has(3) && has(4)) {
       Value m = b.broadcast_to(c.scalar(mom, t), d.cshape);
       Value one_m = b.sub(b.constant(1, t, d.cshape), m);
@@ -306,7 +306,7 @@ V batch_norm(Ctx& c, const int (&a)[5], bool training, int mom, int eps_arg) {
     mean = b.convert(c.in(a[3]), t);
     var = b.convert(c.in(a[4]), t);
   }
-  Value invstd = b.unary("rsqrt", b.add(var, b.broadcast_to(eps, d.cshape)));
+  Value invstd = b.unary(op::rsqrt, b.add(var, b.broadcast_to(eps, d.cshape)));
   Value y = b.mul(b.sub(x, per_channel(b, mean, x.shape())), per_channel(b, invstd, x.shape()));
   if (has(1)) y = b.mul(y, per_channel(b, b.convert(c.in(a[1]), t), x.shape()));
   if (has(2)) y = b.add(y, per_channel(b, b.convert(c.in(a[2]), t), x.shape()));
@@ -322,13 +322,13 @@ Value block(Builder& b, Value x, int64_t j, int64_t h) {
   int64_t n = x.shape()[0];
   return b.slice(x, {0, j * h}, {n, (j + 1) * h}, {1, 1});
 }
-Value sigmoid(Builder& b, Value x) { return b.unary("logistic", x); }
+Value sigmoid(Builder& b, Value x) { return b.unary(op::logistic, x); }
 Value one_minus(Builder& b, Value x) { return b.sub(b.constant(1, x.dtype(), x.shape()), x); }
 // gates = input_gates + hidden_gates (+ input_bias + hidden_bias, broadcast over the batch)
 Value bias_rows(Builder& b, Ctx& c, Value g, size_t i) {
   return c.has(i) ? b.add(g, b.broadcast_in_dim(b.convert(c.in(i), g.dtype()), g.shape(), {1})) : g;
 }
-Value col_sum(Builder& b, Value g) { return b.reduce(g, b.zeros(g.dtype(), {}), {0}, "add"); }
+Value col_sum(Builder& b, Value g) { return b.reduce(g, b.zeros(g.dtype(), {}), {0}, op::add); }
 
 // ---- rule bodies (registered in register_nn below)
 
@@ -343,10 +343,10 @@ V lower_native_group_norm(Ctx& c) {
   Shape s{N, G, Cg, HW}, ng{N, G};
   Value x = b.reshape(b.convert(x0, t), s);
   double M = static_cast<double>(Cg * HW);
-  Value mean = b.div(b.reduce(x, b.zeros(t, {}), {2, 3}, "add"), b.constant(M, t, ng));
+  Value mean = b.div(b.reduce(x, b.zeros(t, {}), {2, 3}, op::add), b.constant(M, t, ng));
   Value xc = b.sub(x, b.broadcast_in_dim(mean, s, {0, 1}));
-  Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), {2, 3}, "add"), b.constant(M, t, ng));
-  Value rstd = b.unary("rsqrt", b.add(var, b.broadcast_to(c.scalar(7, t), ng)));
+  Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), {2, 3}, op::add), b.constant(M, t, ng));
+  Value rstd = b.unary(op::rsqrt, b.add(var, b.broadcast_to(c.scalar(7, t), ng)));
   Value y = b.mul(xc, b.broadcast_in_dim(rstd, s, {0, 1}));
   auto per_c = [&](size_t i) { return b.broadcast_in_dim(b.reshape(b.convert(c.in(i), t), {G, Cg}), s, {1, 2}); };
   if (c.has(1)) y = b.mul(y, per_c(1));
@@ -369,7 +369,7 @@ V lower_weight_norm_interface(Ctx& c) {
   Value v = c.in(0), g = c.in(1);
   DType t = compute_type(c.odt(0));
   Value vt = b.convert(v, t);
-  Value n = b.reshape(b.unary("sqrt", sum(b, b.mul(vt, vt), norm_dims(v, c.int_(2)))), g.shape());
+  Value n = b.reshape(b.unary(op::sqrt, sum(b, b.mul(vt, vt), norm_dims(v, c.int_(2)))), g.shape());
   Value w = b.mul(vt, b.broadcast_to(b.div(b.convert(g, t), n), v.shape()));
   return {b.convert(w, c.odt(0)), b.convert(n, c.odt(1))};
 }
@@ -401,12 +401,12 @@ V lower_native_group_norm_backward(Ctx& c) {
   Value xh = b.mul(b.sub(x, mean), rstd);
   Value w = c.has(4) ? b.broadcast_in_dim(b.reshape(b.convert(c.in(4), t), {G, Cg}), s, {1, 2}) : Value{};
   Value d = w.valid() ? b.mul(g, w) : g;
-  auto group_sum = [&](Value v) { return b.broadcast_in_dim(b.reduce(v, b.zeros(t, {}), {2, 3}, "add"), s, {0, 1}); };
+  auto group_sum = [&](Value v) { return b.broadcast_in_dim(b.reduce(v, b.zeros(t, {}), {2, 3}, op::add), s, {0, 1}); };
   double M = static_cast<double>(Cg * HW);
   Value inner = b.sub(b.sub(b.mul(b.constant(M, t, s), d), group_sum(d)), b.mul(xh, group_sum(b.mul(d, xh))));
   Value dx = b.mul(b.div(rstd, b.constant(M, t, s)), inner);
-  Value dw = b.reshape(b.reduce(b.mul(g, xh), b.zeros(t, {}), {0, 3}, "add"), {C});
-  Value db = b.reshape(b.reduce(g, b.zeros(t, {}), {0, 3}, "add"), {C});
+  Value dw = b.reshape(b.reduce(b.mul(g, xh), b.zeros(t, {}), {0, 3}, op::add), {C});
+  Value db = b.reshape(b.reduce(g, b.zeros(t, {}), {0, 3}, op::add), {C});
   return {b.convert(b.reshape(dx, x0.shape()), c.odt(0)), b.convert(dw, c.odt(1)), b.convert(db, c.odt(2))};
 }
 
@@ -419,9 +419,9 @@ V lower_thnn_fused_lstm_cell(Ctx& c) {
   Value cx = b.convert(c.in(2), t);
   int64_t h = cx.shape()[1];
   Value i = sigmoid(b, block(b, gates, 0, h)), f = sigmoid(b, block(b, gates, 1, h));
-  Value g = b.unary("tanh", block(b, gates, 2, h)), o = sigmoid(b, block(b, gates, 3, h));
+  Value g = b.unary(op::tanh, block(b, gates, 2, h)), o = sigmoid(b, block(b, gates, 3, h));
   Value cy = b.add(b.mul(f, cx), b.mul(i, g));
-  Value hy = b.mul(o, b.unary("tanh", cy));
+  Value hy = b.mul(o, b.unary(op::tanh, cy));
   return {b.convert(hy, c.odt(0)), b.convert(cy, c.odt(1)), b.convert(b.concatenate({i, f, g, o}, 1), c.odt(2))};
 }
 
@@ -435,7 +435,7 @@ V lower_thnn_fused_lstm_cell_backward_impl(Ctx& c) {
   Value ghy = c.has(0) ? b.convert(c.in(0), t) : b.zeros(t, cx.shape());
   Value gcy = c.has(1) ? b.convert(c.in(1), t) : b.zeros(t, cx.shape());
   Value i = block(b, ws, 0, h), f = block(b, ws, 1, h), g = block(b, ws, 2, h), o = block(b, ws, 3, h);
-  Value tc = b.unary("tanh", cy);
+  Value tc = b.unary(op::tanh, cy);
   Value dc = b.add(gcy, b.mul(b.mul(ghy, o), one_minus(b, b.mul(tc, tc))));
   Value di = b.mul(b.mul(dc, g), b.mul(i, one_minus(b, i)));
   Value df = b.mul(b.mul(dc, cx), b.mul(f, one_minus(b, f)));
@@ -457,7 +457,7 @@ V lower_thnn_fused_gru_cell(Ctx& c) {
   Value r = sigmoid(b, b.add(block(b, ig, 0, h), block(b, hg, 0, h)));
   Value z = sigmoid(b, b.add(block(b, ig, 1, h), block(b, hg, 1, h)));
   Value hn = block(b, hg, 2, h);
-  Value n = b.unary("tanh", b.add(block(b, ig, 2, h), b.mul(r, hn)));
+  Value n = b.unary(op::tanh, b.add(block(b, ig, 2, h), b.mul(r, hn)));
   Value hy = b.add(b.mul(one_minus(b, z), n), b.mul(z, hx));
   return {b.convert(hy, c.odt(0)), b.convert(b.concatenate({r, z, n, hn, hx}, 1), c.odt(1))};
 }
@@ -500,12 +500,12 @@ V lower_batch_norm_backward(Ctx& c) {
     invstd = b.convert(c.in(6), t);
   } else {
     mean = b.convert(c.in(3), t);
-    invstd = b.unary("rsqrt", b.add(b.convert(c.in(4), t), b.broadcast_to(c.scalar(8, t), d.cshape)));
+    invstd = b.unary(op::rsqrt, b.add(b.convert(c.in(4), t), b.broadcast_to(c.scalar(8, t), d.cshape)));
   }
   Value w = c.has(2) ? b.convert(c.in(2), t) : b.constant(1, t, d.cshape);
   Value xhat = b.mul(b.sub(x, per_channel(b, mean, x.shape())), per_channel(b, invstd, x.shape()));
-  Value sg = b.reduce(g, b.zeros(t, {}), d.red, "add");
-  Value sgx = b.reduce(b.mul(g, xhat), b.zeros(t, {}), d.red, "add");
+  Value sg = b.reduce(g, b.zeros(t, {}), d.red, op::add);
+  Value sgx = b.reduce(b.mul(g, xhat), b.zeros(t, {}), d.red, op::add);
   Value dx;
   if (train) {
     Value nn = elements(b, x, d.red, t, x.shape());
@@ -525,7 +525,7 @@ V lower_softmax_backward_data(Ctx& c) {
   Value g = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
   int64_t dim = wrap_dim(c.int_(2), g.rank());
   // a 0-dim tensor: the sum over its one element is the element (nan stays nan, as CPU)
-  Value s = g.rank() == 0 ? b.mul(g, y) : reduce_bcast(b, b.mul(g, y), {dim}, "add", b.zeros(t, {}));
+  Value s = g.rank() == 0 ? b.mul(g, y) : reduce_bcast(b, b.mul(g, y), {dim}, op::add, b.zeros(t, {}));
   return {b.convert(b.mul(y, b.sub(g, s)), c.odt())};
 }
 
@@ -534,8 +534,8 @@ V lower_log_softmax_backward_data(Ctx& c) {
   DType t = compute_type(c.odt());
   Value g = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
   int64_t dim = wrap_dim(c.int_(2), g.rank());
-  Value s = g.rank() == 0 ? g : reduce_bcast(b, g, {dim}, "add", b.zeros(t, {}));
-  return {b.convert(b.sub(g, b.mul(b.unary("exponential", y), s)), c.odt())};
+  Value s = g.rank() == 0 ? g : reduce_bcast(b, g, {dim}, op::add, b.zeros(t, {}));
+  return {b.convert(b.sub(g, b.mul(b.unary(op::exponential, y), s)), c.odt())};
 }
 
 // native_layer_norm(x, shape, w?, b?, eps) -> (y, mean, rstd)
@@ -547,11 +547,11 @@ V lower_native_layer_norm(Ctx& c) {
   int64_t axis = x.rank() - static_cast<int64_t>(c.ints(1).size());
   std::vector<int64_t> nd;
   for (int64_t i = axis; i < x.rank(); ++i) nd.push_back(i);
-  Value mean = b.div(b.reduce(x, b.zeros(t, {}), nd, "add"), elements(b, x, nd, t, Shape(x.shape().begin(), x.shape().begin() + axis)));
+  Value mean = b.div(b.reduce(x, b.zeros(t, {}), nd, op::add), elements(b, x, nd, t, Shape(x.shape().begin(), x.shape().begin() + axis)));
   Value mb = norm_dims_bcast(b, mean, x.shape(), axis);
   Value xc = b.sub(x, mb);
-  Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), nd, "add"), elements(b, x, nd, t, mean.shape()));
-  Value rstd = b.unary("rsqrt", b.add(var, b.broadcast_to(c.scalar(4, t), var.shape())));
+  Value var = b.div(b.reduce(b.mul(xc, xc), b.zeros(t, {}), nd, op::add), elements(b, x, nd, t, mean.shape()));
+  Value rstd = b.unary(op::rsqrt, b.add(var, b.broadcast_to(c.scalar(4, t), var.shape())));
   Value y = b.mul(xc, norm_dims_bcast(b, rstd, x.shape(), axis));
   if (c.has(2)) y = b.mul(y, param_bcast(b, c.in(2), x.shape(), axis, t));
   if (c.has(3)) y = b.add(y, param_bcast(b, c.in(3), x.shape(), axis, t));
@@ -576,11 +576,11 @@ V lower_native_layer_norm_backward(Ctx& c) {
     for (int64_t d : nd) n *= static_cast<double>(x.shape()[d]);
     return b.constant(1.0 / n, t, x.shape());
   }();
-  Value m1 = b.mul(reduce_bcast(b, gw, nd, "add", b.zeros(t, {})), inv_n);
-  Value m2 = b.mul(reduce_bcast(b, b.mul(gw, xhat), nd, "add", b.zeros(t, {})), inv_n);
+  Value m1 = b.mul(reduce_bcast(b, gw, nd, op::add, b.zeros(t, {})), inv_n);
+  Value m2 = b.mul(reduce_bcast(b, b.mul(gw, xhat), nd, op::add, b.zeros(t, {})), inv_n);
   Value dx = b.mul(rstd, b.sub(b.sub(gw, m1), b.mul(xhat, m2)));
-  Value dw = b.reduce(b.mul(g, xhat), b.zeros(t, {}), bd, "add");
-  Value db = b.reduce(g, b.zeros(t, {}), bd, "add");
+  Value dw = b.reduce(b.mul(g, xhat), b.zeros(t, {}), bd, op::add);
+  Value db = b.reduce(g, b.zeros(t, {}), bd, op::add);
   return {dx, dw, db};
 }
 
@@ -591,9 +591,9 @@ V lower_nll_loss_forward(Ctx& c) {
   Value picked = b.reshape(b.take_along(l.x, b.reshape(l.safe, {l.n, 1}), 1), {l.n});
   int64_t reduction = c.int_(3);
   Value loss = b.neg(b.mul(picked, l.w));
-  Value total = b.reduce(l.w, b.zeros(l.t, {}), {0}, "add");
+  Value total = b.reduce(l.w, b.zeros(l.t, {}), {0}, op::add);
   if (reduction == 0) return {loss, total};
-  Value s = b.reduce(loss, b.zeros(l.t, {}), {0}, "add");
+  Value s = b.reduce(loss, b.zeros(l.t, {}), {0}, op::add);
   if (reduction == 1) s = b.div(s, total);
   return {s, total};
 }
@@ -625,7 +625,7 @@ V lower_mse_loss(Ctx& c) {
   Value sq = b.mul(d, d);
   int64_t red = c.int_or(2, 1);
   if (red == 0) return {sq};
-  Value s = b.reduce(sq, b.zeros(t, {}), all_dims(sq.rank()), "add");
+  Value s = b.reduce(sq, b.zeros(t, {}), all_dims(sq.rank()), op::add);
   if (red == 1) s = b.div(s, elements(b, sq, all_dims(sq.rank()), t));
   return {s};
 }
@@ -644,7 +644,7 @@ V lower_mse_loss_backward(Ctx& c) {
 // huber(delta) = |d| < delta ? 0.5 d^2 : delta (|d| - 0.5 delta); bce = -(y log x + (1-y) log(1-x)), logs >= -100
 Value reduce_loss(Builder& b, Value l, int64_t red) {
   if (red == 0) return l;
-  Value s = b.reduce(l, b.zeros(l.dtype(), {}), all_dims(l.rank()), "add");
+  Value s = b.reduce(l, b.zeros(l.dtype(), {}), all_dims(l.rank()), op::add);
   return red == 1 ? b.div(s, elements(b, l, all_dims(l.rank()), l.dtype())) : s;
 }
 Value grad_scale(Builder& b, Value d, Value g, int64_t red) {  // g broadcast, / N for mean
@@ -659,7 +659,7 @@ Rule smooth_l1_or_huber_loss(bool huber) {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value d = b.sub(b.convert(c.in(0), t), b.convert(c.in(1), t));
-    Value a = b.unary("abs", d);
+    Value a = b.unary(op::abs, d);
     double beta = c.num_or(3, 1.0);
     Value bv = b.constant(beta, t, d.shape());
     Value half = b.constant(0.5, t, d.shape());
@@ -676,10 +676,10 @@ Rule smooth_l1_or_huber_loss_backward(bool huber) {
     Builder& b = c.b;
     DType t = compute_type(c.odt());
     Value d = b.sub(b.convert(c.in(1), t), b.convert(c.in(2), t));
-    Value a = b.unary("abs", d);
+    Value a = b.unary(op::abs, d);
     double beta = c.num_or(4, 1.0);
     Value bv = b.constant(beta, t, d.shape());
-    Value sign = b.unary("sign", d);
+    Value sign = b.unary(op::sign, d);
     Value in = huber ? d : (beta == 0.0 ? sign : b.div(d, bv));
     Value out = huber ? b.mul(bv, sign) : sign;
     Value dl = b.select(b.compare(a, bv, Cmp::LT), in, out);
@@ -692,7 +692,7 @@ V lower_binary_cross_entropy(Ctx& c) {
   DType t = compute_type(c.odt());
   Value x = b.convert(c.in(0), t), y = b.convert(c.in(1), t);
   Value floor = b.constant(-100, t, x.shape());
-  Value lx = b.max(b.unary("log", x), floor), l1x = b.max(b.unary("log_plus_one", b.neg(x)), floor);
+  Value lx = b.max(b.unary(op::log, x), floor), l1x = b.max(b.unary(op::log_plus_one, b.neg(x)), floor);
   Value one = b.constant(1, t, x.shape());
   Value l = b.neg(b.add(b.mul(y, lx), b.mul(b.sub(one, y), l1x)));
   if (c.has(2)) l = b.mul(l, b.broadcast_to(b.convert(c.in(2), t), l.shape()));
@@ -717,7 +717,7 @@ V lower_glu(Ctx& c) {
   Value x = b.convert(c.in(0), compute_type(c.odt()));
   int64_t dim = wrap_dim(c.int_or(1, -1), x.rank());
   auto [a, g] = halves(b, x, dim);
-  return {b.convert(b.mul(a, b.unary("logistic", g)), c.odt())};
+  return {b.convert(b.mul(a, b.unary(op::logistic, g)), c.odt())};
 }
 
 // glu_backward(g, x, dim) = [g * s, g * a * s * (1 - s)], s = sigmoid(second half)
@@ -727,7 +727,7 @@ V lower_glu_backward(Ctx& c) {
   Value go = b.convert(c.in(0), t), x = b.convert(c.in(1), t);
   int64_t dim = wrap_dim(c.int_or(2, -1), x.rank());
   auto [a, second] = halves(b, x, dim);
-  Value s = b.unary("logistic", second);
+  Value s = b.unary(op::logistic, second);
   Value da = b.mul(go, s);
   Value db = b.mul(b.mul(go, a), b.mul(s, b.sub(b.constant(1, t, s.shape()), s)));
   return {b.convert(b.concatenate({da, db}, dim), c.odt())};
@@ -876,8 +876,8 @@ V lower_max_pool2d_with_indices(Ctx& c) {
         bidx = flat;
         continue;
       }
-      Value take = b.binary("or", b.compare(cand, best, Cmp::GT),
-                            b.binary("and", b.compare(cand, cand, Cmp::NE), b.compare(best, best, Cmp::EQ)));
+      Value take = b.binary(op::or_, b.compare(cand, best, Cmp::GT),
+                            b.binary(op::and_, b.compare(cand, cand, Cmp::NE), b.compare(best, best, Cmp::EQ)));
       best = b.select(take, cand, best);
       bidx = b.select(take, flat, bidx);
     }
@@ -897,7 +897,7 @@ V lower_max_pool2d_with_indices_backward(Ctx& c) {
   Value row = b.iota(DType::S64, {lead, ohw}, 0);
   Value coords = b.concatenate({b.reshape(row, {lead * ohw, 1}), b.reshape(i2, {lead * ohw, 1})}, 1);
   Value z = b.zeros(g2.dtype(), {lead, hw});
-  Value out = b.scatter(z, coords, g2, {0, 1}, "add");
+  Value out = b.scatter(z, coords, g2, {0, 1}, op::add);
   return {b.convert(b.reshape(out, x.shape()), x.dtype())};
 }
 }  // namespace

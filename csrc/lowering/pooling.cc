@@ -73,7 +73,7 @@ std::pair<Value, Value> window_max(Builder& b, Value x, int64_t d, int64_t o) {
   Value pos = b.iota(DType::S64, s, d + 1);
   Value lo = b.broadcast_in_dim(b.constant_array(starts, DType::S64), s, {d});
   Value hi = b.broadcast_in_dim(b.constant_array(ends, DType::S64), s, {d});
-  Value in = b.binary("and", b.compare(pos, lo, hlo::Cmp::GE), b.compare(pos, hi, hlo::Cmp::LT));
+  Value in = b.binary(op::and_, b.compare(pos, lo, hlo::Cmp::GE), b.compare(pos, hi, hlo::Cmp::LT));
   Value masked = b.select(in, xb, b.broadcast_to(b.lowest(x.dtype()), s));
   auto [v, i] = b.reduce_arg(masked, d + 1, true);
   return {v, i};
@@ -114,7 +114,7 @@ Value unpool_planes(Builder& b, Value g, Value idx, const Shape& plane_shape, in
   Value iv = b.reshape(b.convert(idx, DType::S64), {B * O, 1});
   Value bi = b.reshape(b.iota(DType::S64, {B, O}, 0), {B * O, 1});
   Value coords = b.concatenate({bi, iv}, 1);
-  Value out = b.scatter(b.zeros(g.dtype(), {B, S}), coords, gv, {0, 1}, add ? "add" : "");
+  Value out = b.scatter(b.zeros(g.dtype(), {B, S}), coords, gv, {0, 1}, add ? std::optional(op::add) : std::nullopt);
   return b.reshape(out, plane_shape);
 }
 
@@ -202,8 +202,8 @@ V lower_max_pool3d_with_indices(Ctx& c) {
           bidx = flat;
           continue;
         }
-        Value take = b.binary("or", b.compare(cand, best, hlo::Cmp::GT),
-                              b.binary("and", b.compare(cand, cand, hlo::Cmp::NE), b.compare(best, best, hlo::Cmp::EQ)));
+        Value take = b.binary(op::or_, b.compare(cand, best, hlo::Cmp::GT),
+                              b.binary(op::and_, b.compare(cand, cand, hlo::Cmp::NE), b.compare(best, best, hlo::Cmp::EQ)));
         best = b.select(take, cand, best);
         bidx = b.select(take, flat, bidx);
       }
@@ -237,20 +237,20 @@ V lower_cdist_forward(Ctx& c) {
   d2.insert(d2.end(), {r - 1, r});
   Value a = b.broadcast_in_dim(b.broadcast_to(b.convert(x1, t), b1), full, d1);
   Value e = b.broadcast_in_dim(b.broadcast_to(b.convert(x2, t), b2), full, d2);
-  Value diff = b.unary("abs", b.sub(a, e));
+  Value diff = b.unary(op::abs, b.sub(a, e));
   double p = c.num(2);
   Value dist;
   if (std::isinf(p)) {
-    dist = b.reduce(diff, b.zeros(t, {}), {r}, "maximum");
+    dist = b.reduce(diff, b.zeros(t, {}), {r}, op::maximum);
   } else if (p == 0) {
-    dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {r}, "add");
+    dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {r}, op::add);
   } else if (p == 1) {
-    dist = b.reduce(diff, b.zeros(t, {}), {r}, "add");
+    dist = b.reduce(diff, b.zeros(t, {}), {r}, op::add);
   } else if (p == 2) {
-    dist = b.unary("sqrt", b.reduce(b.mul(diff, diff), b.zeros(t, {}), {r}, "add"));
+    dist = b.unary(op::sqrt, b.reduce(b.mul(diff, diff), b.zeros(t, {}), {r}, op::add));
   } else {
-    Value s = b.reduce(b.binary("power", diff, b.constant(p, t, full)), b.zeros(t, {}), {r}, "add");
-    dist = b.binary("power", s, b.constant(1.0 / p, t, s.shape()));
+    Value s = b.reduce(b.binary(op::power, diff, b.constant(p, t, full)), b.zeros(t, {}), {r}, op::add);
+    dist = b.binary(op::power, s, b.constant(1.0 / p, t, s.shape()));
   }
   return {b.convert(dist, c.odt())};
 }
@@ -268,17 +268,17 @@ V lower_pdist_forward(Ctx& c) {
       jj.push_back(j);
     }
   Value a = b.take(x, b.constant_array(ii, DType::S64), 0), e = b.take(x, b.constant_array(jj, DType::S64), 0);
-  Value diff = b.unary("abs", b.sub(a, e));  // [k, M]
+  Value diff = b.unary(op::abs, b.sub(a, e));  // [k, M]
   double p = c.num_or(1, 2.0);
   Shape full{k, m};
   Value dist;
-  if (std::isinf(p)) dist = b.reduce(diff, b.zeros(t, {}), {1}, "maximum");
-  else if (p == 0) dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {1}, "add");
-  else if (p == 1) dist = b.reduce(diff, b.zeros(t, {}), {1}, "add");
-  else if (p == 2) dist = b.unary("sqrt", b.reduce(b.mul(diff, diff), b.zeros(t, {}), {1}, "add"));
+  if (std::isinf(p)) dist = b.reduce(diff, b.zeros(t, {}), {1}, op::maximum);
+  else if (p == 0) dist = b.reduce(b.convert(b.compare(diff, b.zeros(t, full), hlo::Cmp::NE), t), b.zeros(t, {}), {1}, op::add);
+  else if (p == 1) dist = b.reduce(diff, b.zeros(t, {}), {1}, op::add);
+  else if (p == 2) dist = b.unary(op::sqrt, b.reduce(b.mul(diff, diff), b.zeros(t, {}), {1}, op::add));
   else {
-    Value s = b.reduce(b.binary("power", diff, b.constant(p, t, full)), b.zeros(t, {}), {1}, "add");
-    dist = b.binary("power", s, b.constant(1.0 / p, t, s.shape()));
+    Value s = b.reduce(b.binary(op::power, diff, b.constant(p, t, full)), b.zeros(t, {}), {1}, op::add);
+    dist = b.binary(op::power, s, b.constant(1.0 / p, t, s.shape()));
   }
   return {b.convert(dist, c.odt())};
 }

@@ -50,12 +50,12 @@ Value param(Ctx& c, size_t i, double dflt, DType t, const Shape& s) {
 void register_random() {
   // exponential_(lambd) = -log(u) / lambd
   add_rule("aten::exponential_", inverse_cdf([](Builder& b, Value u, Ctx& c, DType t) {
-    return b.div(b.neg(b.unary("log", u)), param(c, 1, 1.0, t, u.shape()));
+    return b.div(b.neg(b.unary(op::log, u)), param(c, 1, 1.0, t, u.shape()));
   }));
   // cauchy_(median, sigma) = median + sigma tan(pi (u - 1/2))
   add_rule("aten::cauchy_", inverse_cdf([](Builder& b, Value u, Ctx& c, DType t) {
     Value half = b.constant(0.5, t, u.shape()), pi = b.constant(M_PI, t, u.shape());
-    Value tan = b.unary("tan", b.mul(pi, b.sub(u, half)));
+    Value tan = b.unary(op::tan, b.mul(pi, b.sub(u, half)));
     return b.add(param(c, 1, 0.0, t, u.shape()), b.mul(param(c, 2, 1.0, t, u.shape()), tan));
   }));
   // log_normal_(mean, std) = exp(mean + std z)
@@ -64,12 +64,12 @@ void register_random() {
     DType t = compute_type(c.odt());
     Value z = b.convert(normal01(c, c.oshape()), t);
     Value y = b.add(param(c, 1, 1.0, t, z.shape()), b.mul(param(c, 2, 2.0, t, z.shape()), z));
-    return {b.convert(b.unary("exponential", y), c.odt())};
+    return {b.convert(b.unary(op::exponential, y), c.odt())};
   });
   // geometric_(p) = max(ceil(log(u) / log1p(-p)), 1) (trials up to the first success)
   add_rule("aten::geometric_", inverse_cdf([](Builder& b, Value u, Ctx& c, DType t) {
-    Value l = b.unary("log_plus_one", b.neg(param(c, 1, 0.5, t, u.shape())));
-    return b.max(b.unary("ceil", b.div(b.unary("log", u), l)), b.constant(1, t, u.shape()));
+    Value l = b.unary(op::log_plus_one, b.neg(param(c, 1, 0.5, t, u.shape())));
+    return b.max(b.unary(op::ceil, b.div(b.unary(op::log, u), l)), b.constant(1, t, u.shape()));
   }));
   add_rule("aten::uniform_", uniform);
   add_rule("aten::uniform", uniform);
@@ -83,7 +83,7 @@ void register_random() {
       const Shape& s = c.oshape();
       Value u = b.convert(uniform01(c, s), DType::F64);
       Value lo = b.broadcast_to(c.scalar(1, DType::F64), s), hi = b.broadcast_to(c.scalar(2, DType::F64), s);
-      Value r = b.add(lo, b.unary("floor", b.mul(u, b.sub(hi, lo))));
+      Value r = b.add(lo, b.unary(op::floor, b.mul(u, b.sub(hi, lo))));
       return {b.convert(r, c.odt())};
     });
   // bernoulli_(self, p): u < p

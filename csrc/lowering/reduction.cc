@@ -28,7 +28,7 @@ Rule sum_like(size_t dim_arg, bool mean) {
   return [dim_arg, mean](Ctx& c) -> V {
     Value x = acc_input(c, 0, c.odt());
     auto dims = reduce_dims(c, dim_arg, x.rank());
-    Value r = c.b.reduce(x, c.b.zeros(x.dtype(), {}), dims, "add");
+    Value r = c.b.reduce(x, c.b.zeros(x.dtype(), {}), dims, op::add);
     if (mean) r = c.b.div(r, elements(c.b, x, dims, r.dtype(), r.shape()));
     return {r};
   };
@@ -68,31 +68,31 @@ Rule arg_extreme(bool is_max, bool with_values) {
 Value vector_norm(Ctx& c, size_t p_arg, size_t dim_arg) {
   Builder& b = c.b;
   Value in = c.in(0);  // |x| first: a complex x has a real norm
-  Value x = hlo::is_complex(in.dtype()) ? b.convert(b.unary("abs", in), compute_type(c.odt()))
-                                        : b.unary("abs", b.convert(in, compute_type(c.odt())));
+  Value x = hlo::is_complex(in.dtype()) ? b.convert(b.unary(op::abs, in), compute_type(c.odt()))
+                                        : b.unary(op::abs, b.convert(in, compute_type(c.odt())));
   double p = c.num_or(p_arg, 2.0);
   auto dims = reduce_dims(c, dim_arg, x.rank());
   if (std::isinf(p)) return reduce_extreme(b, x, dims, p > 0);
   if (p == 0) {
     Value nz = b.convert(b.compare(x, b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), x.dtype());
-    return b.reduce(nz, b.zeros(x.dtype(), {}), dims, "add");
+    return b.reduce(nz, b.zeros(x.dtype(), {}), dims, op::add);
   }
-  if (p == 1) return b.reduce(x, b.zeros(x.dtype(), {}), dims, "add");
-  if (p == 2) return b.unary("sqrt", b.reduce(b.mul(x, x), b.zeros(x.dtype(), {}), dims, "add"));
+  if (p == 1) return b.reduce(x, b.zeros(x.dtype(), {}), dims, op::add);
+  if (p == 2) return b.unary(op::sqrt, b.reduce(b.mul(x, x), b.zeros(x.dtype(), {}), dims, op::add));
   Value pv = c.scalar(p_arg, x.dtype());
-  Value s = b.reduce(b.binary("power", x, b.broadcast_to(pv, x.shape())), b.zeros(x.dtype(), {}), dims, "add");
-  return b.binary("power", s, b.broadcast_to(b.div(b.constant(1, x.dtype()), pv), s.shape()));
+  Value s = b.reduce(b.binary(op::power, x, b.broadcast_to(pv, x.shape())), b.zeros(x.dtype(), {}), dims, op::add);
+  return b.binary(op::power, s, b.broadcast_to(b.div(b.constant(1, x.dtype()), pv), s.shape()));
 }
 
 // Running (inclusive prefix) reduction along dim: reduce_window over a full-length causal window.
-Value running(Builder& b, Value x, int64_t dim, Value init, const char* op) {
+Value running(Builder& b, Value x, int64_t dim, Value init, op::Binary body) {
   int64_t n = x.shape()[dim];
   if (n == 0) return x;
   Shape window(x.rank(), 1), strides(x.rank(), 1);
   window[dim] = n;
   std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
   pad[dim] = {n - 1, 0};
-  return b.reduce_window(x, init, window, strides, pad, op);
+  return b.reduce_window(x, init, window, strides, pad, body);
 }
 
 // var(x) = sum((x - mean)^2) / max(N - correction, 0)
@@ -102,7 +102,7 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
   auto dims = reduce_dims(c, dim_arg, x.rank());
   double n = static_cast<double>(count(x.shape(), dims));
   double corr = c.num_or(corr_arg, 1.0);
-  Value s = b.reduce(x, b.zeros(x.dtype(), {}), dims, "add");
+  Value s = b.reduce(x, b.zeros(x.dtype(), {}), dims, op::add);
   Value mean = b.div(s, elements(b, x, dims, x.dtype(), s.shape()));
   Value centered = b.sub(x, b.broadcast_in_dim(keep_dims(b, mean, x.shape(), dims), x.shape(),
                                                [&] {
@@ -112,7 +112,7 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
                                                }()));
   auto square = [&](Value v) { return b.mul(v, v); };  // |x - mean|^2: real for complex x
   Value sq = hlo::is_complex(x.dtype()) ? b.add(square(b.real(centered)), square(b.imag(centered))) : square(centered);
-  Value ss = b.reduce(sq, b.zeros(sq.dtype(), {}), dims, "add");
+  Value ss = b.reduce(sq, b.zeros(sq.dtype(), {}), dims, op::add);
   Value dof = x.type.dynamic  // max(N - correction, 0), N at run time for a bucketed x
                   ? b.max(b.sub(elements(b, x, dims, sq.dtype(), ss.shape()), b.constant(corr, sq.dtype(), ss.shape())),
                           b.zeros(sq.dtype(), ss.shape()))
@@ -126,14 +126,14 @@ std::pair<Value, Value> var_mean(Ctx& c, size_t dim_arg, size_t corr_arg) {
 V lower_nansum(Ctx& c) {
   Value x = acc_input(c, 0, c.odt());
   Value clean = c.b.select(c.b.compare(x, x, hlo::Cmp::NE), c.b.zeros(x.dtype(), x.shape()), x);
-  return {c.b.reduce(clean, c.b.zeros(x.dtype(), {}), reduce_dims(c, 1, x.rank()), "add")};
+  return {c.b.reduce(clean, c.b.zeros(x.dtype(), {}), reduce_dims(c, 1, x.rank()), op::add)};
 }
 
 // prod(x, dims); dim argument at `dim_arg`
 Rule prod_like(size_t dim_arg) {
   return [dim_arg](Ctx& c) -> V {
     Value x = acc_input(c, 0, c.odt());
-    return {c.b.reduce(x, c.b.constant(1, x.dtype()), reduce_dims(c, dim_arg, x.rank()), "multiply")};
+    return {c.b.reduce(x, c.b.constant(1, x.dtype()), reduce_dims(c, dim_arg, x.rank()), op::multiply)};
   };
 }
 
@@ -145,7 +145,7 @@ V lower_var_mean(Ctx& c) {
 
 V lower_std_mean(Ctx& c) {
   auto [v, m] = var_mean(c, 1, 2);
-  return {c.b.unary("sqrt", v), m};
+  return {c.b.unary(op::sqrt, v), m};
 }
 
 // all / any: reduce the "is nonzero" predicate with and / or
@@ -157,8 +157,8 @@ Rule all_any(bool is_all, const char* ov) {
                       torch_dtype_name(c.odt()));
     Value x = c.in(0);
     Value p = x.dtype() == DType::Pred ? x : c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE);
-    auto dims = std::string(ov).empty() ? reduce_dims(c, 99, x.rank()) : reduce_dims(c, 1, x.rank());
-    return {c.b.reduce(p, c.b.constant_int(is_all ? 1 : 0, DType::Pred), dims, is_all ? "and" : "or")};
+    auto dims = std::string(ov).empty() ? reduce_dims(c, kNoArg, x.rank()) : reduce_dims(c, 1, x.rank());
+    return {c.b.reduce(p, c.b.constant_int(is_all ? 1 : 0, DType::Pred), dims, is_all ? op::and_ : op::or_)};
   };
 }
 
@@ -170,11 +170,11 @@ V lower_logsumexp(Ctx& c) {
   auto dims = reduce_dims(c, 1, x.rank());
   std::vector<int64_t> all;
   for (int64_t i = 0; i < x.rank(); ++i) all.push_back(i);
-  Value m = b.reduce(x, b.lowest(x.dtype()), dims, "maximum");
+  Value m = b.reduce(x, b.lowest(x.dtype()), dims, op::maximum);
   m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(m.dtype(), m.shape()));
   Value mb = b.broadcast_in_dim(keep_dims(b, m, x.shape(), dims), x.shape(), all);
-  Value s = b.reduce(b.unary("exponential", b.sub(x, mb)), b.zeros(x.dtype(), {}), dims, "add");
-  return {b.add(b.unary("log", s), m)};
+  Value s = b.reduce(b.unary(op::exponential, b.sub(x, mb)), b.zeros(x.dtype(), {}), dims, op::add);
+  return {b.add(b.unary(op::log, s), m)};
 }
 
 // legacy norm(x, p?, dim?, keepdim, dtype?): the same vector norm
@@ -186,7 +186,7 @@ Rule legacy_norm(size_t dim_arg) {
 V lower_count_nonzero(Ctx& c) {
   Value x = c.in(0);
   Value nz = c.b.convert(c.b.compare(x, c.b.zeros(x.dtype(), x.shape()), hlo::Cmp::NE), DType::S64);
-  return {c.b.reduce(nz, c.b.zeros(DType::S64, {}), reduce_dims(c, 1, x.rank()), "add")};
+  return {c.b.reduce(nz, c.b.zeros(DType::S64, {}), reduce_dims(c, 1, x.rank()), op::add)};
 }
 
 // aminmax(x, dim?, keepdim) = (amin, amax), NaN where the reduced slice has a NaN
@@ -207,7 +207,7 @@ V lower_trace(Ctx& c) {
   DType t = compute_type(c.odt());
   Value diag = b.compare(b.iota(DType::S64, x.shape(), 0), b.iota(DType::S64, x.shape(), 1), hlo::Cmp::EQ);
   Value v = b.select(diag, b.convert(x, t), b.zeros(t, x.shape()));
-  return {b.convert(b.reduce(v, b.zeros(t, {}), {0, 1}, "add"), c.odt())};
+  return {b.convert(b.reduce(v, b.zeros(t, {}), {0, 1}, op::add), c.odt())};
 }
 
 // renorm(x, p, dim, maxnorm): each slice along dim with p-norm > maxnorm scaled by maxnorm / (norm + 1e-7)
@@ -222,16 +222,16 @@ V lower_renorm(Ctx& c) {
   for (int64_t d = 0; d < x.rank(); ++d)
     if (d != dim) others.push_back(d);
   double p = c.num(1);
-  Value a = b.unary("abs", x);
+  Value a = b.unary(op::abs, x);
   Value norm;
   if (std::isinf(p)) {
     norm = reduce_extreme(b, a, others, p > 0);
   } else if (p == 0) {
-    norm = b.reduce(b.convert(b.compare(a, b.zeros(t, a.shape()), hlo::Cmp::NE), t), b.zeros(t, {}), others, "add");
+    norm = b.reduce(b.convert(b.compare(a, b.zeros(t, a.shape()), hlo::Cmp::NE), t), b.zeros(t, {}), others, op::add);
   } else {
-    Value pw = b.binary("power", a, b.constant(p, t, a.shape()));
-    Value sm = b.reduce(pw, b.zeros(t, {}), others, "add");
-    norm = b.binary("power", sm, b.constant(1.0 / p, t, sm.shape()));
+    Value pw = b.binary(op::power, a, b.constant(p, t, a.shape()));
+    Value sm = b.reduce(pw, b.zeros(t, {}), others, op::add);
+    norm = b.binary(op::power, sm, b.constant(1.0 / p, t, sm.shape()));
   }
   Value maxn = b.broadcast_to(c.scalar(3, t), norm.shape());
   Value factor = b.select(b.compare(norm, maxn, hlo::Cmp::GT),
@@ -249,7 +249,7 @@ V lower_logcumsumexp(Ctx& c) {
   // reduced to (-pi, pi]; not lowered
   if (hlo::is_complex(t)) throw Unsupported("logcumsumexp of a complex tensor");
   if (x.rank() == 0 || hlo::numel(x.shape()) == 0) return {b.convert(x, c.odt())};
-  Value m = b.reduce(x, b.lowest(t), {dim}, "maximum");
+  Value m = b.reduce(x, b.lowest(t), {dim}, op::maximum);
   m = b.select(b.emit("is_finite", {m}, Type{DType::Pred, m.shape()}), m, b.zeros(t, m.shape()));
   Value mb = b.broadcast_in_dim(m, x.shape(), [&] {
     std::vector<int64_t> d;
@@ -262,8 +262,8 @@ V lower_logcumsumexp(Ctx& c) {
   window[dim] = n;
   std::vector<std::pair<int64_t, int64_t>> pad(x.rank(), {0, 0});
   pad[dim] = {n - 1, 0};
-  Value cs = b.reduce_window(b.unary("exponential", b.sub(x, mb)), b.zeros(t, {}), window, strides, pad, "add");
-  return {b.convert(b.add(b.unary("log", cs), mb), c.odt())};
+  Value cs = b.reduce_window(b.unary(op::exponential, b.sub(x, mb)), b.zeros(t, {}), window, strides, pad, op::add);
+  return {b.convert(b.add(b.unary(op::log, cs), mb), c.odt())};
 }
 
 // isin(e, t, assume_unique, invert) = any(e[..., None] == flat(t)) (xor invert); one
@@ -292,8 +292,8 @@ V lower_isin(Ctx& c) {
   for (size_t i = 0; i < es.size(); ++i) edims.push_back(static_cast<int64_t>(i));
   Value eq = b.compare(b.broadcast_in_dim(e, full, edims), b.broadcast_in_dim(tv, full, {int64_t(es.size())}),
                        hlo::Cmp::EQ);
-  Value r = b.reduce(eq, b.constant_int(0, DType::Pred), {int64_t(es.size())}, "or");
-  return {c.flag_or(3, false) ? b.unary("not", r) : r};
+  Value r = b.reduce(eq, b.constant_int(0, DType::Pred), {int64_t(es.size())}, op::or_);
+  return {c.flag_or(3, false) ? b.unary(op::not_, r) : r};
 }
 
 // cummax(x, dim) = (v, i): v = running max, NaN from the first NaN on; i =
@@ -309,16 +309,16 @@ Rule cummax_cummin(bool is_max) {
     if (x.rank() == 0) return {x, b.constant_int(0, DType::S64)};
     int64_t dim = wrap_dim(c.int_(1), x.rank());
     Value init = is_max ? b.lowest(x.dtype()) : b.highest(x.dtype());
-    Value v = running(b, x, dim, init, is_max ? "maximum" : "minimum");
+    Value v = running(b, x, dim, init, is_max ? op::maximum : op::minimum);
     Value hit = b.compare(x, v, hlo::Cmp::EQ);
     if (hlo::is_float(x.dtype())) {  // the CPU plugin's max/min windows skip NaNs
       Value isnan = b.compare(x, x, hlo::Cmp::NE);
-      Value seen = running(b, isnan, dim, b.constant_int(0, DType::Pred), "or");
+      Value seen = running(b, isnan, dim, b.constant_int(0, DType::Pred), op::or_);
       v = b.select(seen, b.constant(NAN, x.dtype(), x.shape()), v);
       hit = b.select(seen, isnan, hit);
     }
     Value pos = b.select(hit, b.iota(DType::S64, x.shape(), dim), b.constant_int(-1, DType::S64, x.shape()));
-    return {v, running(b, pos, dim, b.constant_int(-1, DType::S64), "maximum")};
+    return {v, running(b, pos, dim, b.constant_int(-1, DType::S64), op::maximum)};
   };
 }
 
@@ -329,7 +329,7 @@ Rule cumsum_cumprod(bool is_prod) {
     Value x = b.convert(c.in(0), compute_type(c.odt()));
     if (x.rank() == 0) return {x};
     Value init = b.constant(is_prod ? 1 : 0, x.dtype());
-    return {running(b, x, wrap_dim(c.int_(1), x.rank()), init, is_prod ? "multiply" : "add")};
+    return {running(b, x, wrap_dim(c.int_(1), x.rank()), init, is_prod ? op::multiply : op::add)};
   };
 }
 
@@ -337,23 +337,23 @@ Rule cumsum_cumprod(bool is_prod) {
 
 void register_reduction() {
   const std::pair<const char*, Rule> rules[] = {
-      {"aten::sum", sum_like(99, false)},
+      {"aten::sum", sum_like(kNoArg, false)},
       {"aten::sum.dim_IntList", sum_like(1, false)},
-      {"aten::mean", sum_like(99, true)},
+      {"aten::mean", sum_like(kNoArg, true)},
       {"aten::mean.dim", sum_like(1, true)},
       {"aten::nansum", lower_nansum},
-      {"aten::prod", prod_like(99)},
+      {"aten::prod", prod_like(kNoArg)},
       {"aten::prod.dim_int", prod_like(1)},
       {"aten::amax", extreme(1, true)},
       {"aten::amin", extreme(1, false)},
-      {"aten::max", extreme(99, true)},
-      {"aten::min", extreme(99, false)},
+      {"aten::max", extreme(kNoArg, true)},
+      {"aten::min", extreme(kNoArg, false)},
       {"aten::max.dim", arg_extreme(true, true)},
       {"aten::min.dim", arg_extreme(false, true)},
       {"aten::argmax", arg_extreme(true, false)},
       {"aten::argmin", arg_extreme(false, false)},
       {"aten::var.correction", [](Ctx& c) -> V { return {var_mean(c, 1, 2).first}; }},
-      {"aten::std.correction", [](Ctx& c) -> V { return {c.b.unary("sqrt", var_mean(c, 1, 2).first)}; }},
+      {"aten::std.correction", [](Ctx& c) -> V { return {c.b.unary(op::sqrt, var_mean(c, 1, 2).first)}; }},
       {"aten::var_mean.correction", lower_var_mean},
       {"aten::std_mean.correction", lower_std_mean},
       // all / any: reduce the "is nonzero" predicate with and / or
@@ -366,8 +366,8 @@ void register_reduction() {
       {"aten::logsumexp", lower_logsumexp},
       {"aten::linalg_vector_norm", [](Ctx& c) -> V { return {vector_norm(c, 1, 2)}; }},
       // legacy norm(x, p?, dim?, keepdim, dtype?): the same vector norm
-      {"aten::norm.Scalar", legacy_norm(99)},
-      {"aten::norm.ScalarOpt_dtype", legacy_norm(99)},
+      {"aten::norm.Scalar", legacy_norm(kNoArg)},
+      {"aten::norm.ScalarOpt_dtype", legacy_norm(kNoArg)},
       {"aten::norm.ScalarOpt_dim", legacy_norm(2)},
       {"aten::norm.ScalarOpt_dim_dtype", legacy_norm(2)},
       {"aten::count_nonzero", lower_count_nonzero},

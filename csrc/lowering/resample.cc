@@ -25,7 +25,7 @@ Value remap_grad(Builder& b, Value g, int64_t dim, const std::vector<int64_t>& i
   Shape zs = front.shape();
   zs[0] = in_size;
   int64_t n = static_cast<int64_t>(idx.size());
-  Value out = b.scatter(b.zeros(g.dtype(), zs), b.reshape(b.constant_array(idx, DType::S64), {n, 1}), front, {0}, "add");
+  Value out = b.scatter(b.zeros(g.dtype(), zs), b.reshape(b.constant_array(idx, DType::S64), {n, 1}), front, {0}, op::add);
   std::vector<int64_t> inv(perm.size());
   for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
   return b.transpose(out, inv);

@@ -173,7 +173,7 @@ V pick_sorted(Builder& b, Value x, int64_t dim, Value pos, bool keepdim) {
 std::pair<Value, Value> first_nan(Builder& b, Value x, int64_t dim) {
   Value nan = b.compare(x, x, hlo::Cmp::NE);
   Value pos = b.select(nan, b.iota(DType::S64, x.shape(), dim), b.constant_int(INT64_MAX, DType::S64, x.shape()));
-  Value first = b.reduce(pos, b.constant_int(INT64_MAX, DType::S64), {dim}, "minimum");
+  Value first = b.reduce(pos, b.constant_int(INT64_MAX, DType::S64), {dim}, op::minimum);
   Shape one = x.shape();
   one[dim] = 1;
   first = b.reshape(first, one);
@@ -205,7 +205,7 @@ Rule median_dim(bool nan_ignoring) {
     one[dim] = 1;
     if (nan_ignoring) {
       Value valid = b.convert(b.compare(x, x, hlo::Cmp::EQ), DType::S64);
-      Value m = b.reshape(b.reduce(valid, b.constant_int(0, DType::S64), {dim}, "add"), one);
+      Value m = b.reshape(b.reduce(valid, b.constant_int(0, DType::S64), {dim}, op::add), one);
       // (m - 1) / 2, with m = 0 -> 0 (the row is all NaN: position 0 holds a NaN)
       Value pos = b.div(b.max(b.sub(m, b.constant_int(1, DType::S64, one)), b.zeros(DType::S64, one)),
                         b.constant_int(2, DType::S64, one));
@@ -233,13 +233,13 @@ Rule median_all(bool nan_ignoring) {
     x = b.reshape(x, {n});
     Value pos;
     if (nan_ignoring) {
-      Value m = b.reduce(b.convert(b.compare(x, x, hlo::Cmp::EQ), DType::S64), b.constant_int(0, DType::S64), {0}, "add");
+      Value m = b.reduce(b.convert(b.compare(x, x, hlo::Cmp::EQ), DType::S64), b.constant_int(0, DType::S64), {0}, op::add);
       pos = b.div(b.max(b.sub(m, b.constant_int(1, DType::S64)), b.constant_int(0, DType::S64)),
                   b.constant_int(2, DType::S64));
       return {pick_sorted(b, x, 0, b.reshape(pos, {1}), false)[0]};
     }
     Value v = pick_sorted(b, x, 0, b.constant_int((n - 1) / 2, DType::S64, {1}), false)[0];
-    Value any_nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, "or");
+    Value any_nan = b.reduce(b.compare(x, x, hlo::Cmp::NE), b.constant_int(0, DType::Pred), {0}, op::or_);
     return {b.select(any_nan, b.constant(NAN, x.dtype()), v)};
   };
 }
@@ -266,14 +266,14 @@ V lower_mode(Ctx& c) {
   bb = lead;
   bb.push_back(r);
   Value eq = b.compare(b.broadcast_in_dim(xt, sq, a), b.broadcast_in_dim(xt, sq, bb), hlo::Cmp::EQ);
-  Value cnt = b.reduce(b.convert(eq, DType::S64), b.constant_int(0, DType::S64), {r}, "add");  // [.., n]
-  Value best = b.reduce(cnt, b.constant_int(0, DType::S64), {r - 1}, "maximum");
+  Value cnt = b.reduce(b.convert(eq, DType::S64), b.constant_int(0, DType::S64), {r}, op::add);  // [.., n]
+  Value best = b.reduce(cnt, b.constant_int(0, DType::S64), {r - 1}, op::maximum);
   Value cand = b.compare(cnt, b.broadcast_in_dim(best, xt.shape(), lead), hlo::Cmp::EQ);
   Value v = b.reduce(b.select(cand, xt, b.broadcast_to(b.highest(x.dtype()), xt.shape())), b.highest(x.dtype()),
-                     {r - 1}, "minimum");
+                     {r - 1}, op::minimum);
   Value at = b.compare(xt, b.broadcast_in_dim(v, xt.shape(), lead), hlo::Cmp::EQ);
   Value idx = b.reduce(b.select(at, b.iota(DType::S64, xt.shape(), r - 1), b.constant_int(-1, DType::S64, xt.shape())),
-                       b.constant_int(-1, DType::S64), {r - 1}, "maximum");
+                       b.constant_int(-1, DType::S64), {r - 1}, op::maximum);
   return {b.reshape(v, c.oshape(0)), b.reshape(idx, c.oshape(1))};
 }
 

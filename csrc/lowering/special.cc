@@ -39,20 +39,20 @@ Value bessel_ie(Builder& b, Value a, int nu) {
   Value s = k(b, 1, a);
   for (int i = 29; i >= 1; --i) s = b.add(k(b, 1, a), b.mul(s, b.mul(q, k(b, 1.0 / (double(i) * (i + nu)), a))));
   if (nu) s = b.mul(s, b.mul(k(b, 0.5, a), small));
-  s = b.mul(s, b.unary("exponential", b.neg(small)));
+  s = b.mul(s, b.unary(op::exponential, b.neg(small)));
   Value big = b.max(a, k(b, 12, a)), inv = b.div(k(b, 1, a), big), as = k(b, 1, a);
   for (int i = 12; i >= 1; --i) {
     double ratio = ((2.0 * i - 1) * (2.0 * i - 1) - 4.0 * nu * nu) / (8.0 * i);
     as = b.add(k(b, 1, a), b.mul(as, b.mul(inv, k(b, ratio, a))));
   }
-  as = b.mul(as, b.unary("rsqrt", b.mul(big, k(b, 2 * M_PI, a))));
+  as = b.mul(as, b.unary(op::rsqrt, b.mul(big, k(b, 2 * M_PI, a))));
   return b.select(b.compare(a, k(b, 12, a), Cmp::LT), s, as);
 }
 // I_nu(x) (scaled: I_nu(x) e^-|x|); I_1 is odd.
 Value bessel_i(Builder& b, Value x, int nu, bool scaled) {
-  Value a = b.unary("abs", x);
+  Value a = b.unary(op::abs, x);
   Value r = bessel_ie(b, a, nu);
-  if (!scaled) r = b.mul(r, b.unary("exponential", a));
+  if (!scaled) r = b.mul(r, b.unary(op::exponential, a));
   if (nu == 1) r = b.select(b.compare(x, k(b, 0, x), Cmp::LT), b.neg(r), r);
   return b.select(b.compare(x, x, Cmp::NE), x, r);
 }
@@ -95,7 +95,7 @@ Value degree(Ctx& c, const Shape& s, DType t) {
   Value n = c.arg(1).kind == Arg::Tensor ? c.in(1) : c.scalar(1, t);
   n = b.broadcast_to(n, s);
   if (!hlo::is_float(n.dtype())) return b.convert(n, DType::S64);
-  Value ok = b.compare(b.unary("abs", n), k(b, 9223372036854775808.0, n), Cmp::LT);  // false for NaN
+  Value ok = b.compare(b.unary(op::abs, n), k(b, 9223372036854775808.0, n), Cmp::LT);  // false for NaN
   Value safe = b.select(ok, n, b.zeros(n.dtype(), s));
   return b.select(ok, b.convert(safe, DType::S64), b.constant_int(INT64_MIN, DType::S64, s));
 }
@@ -109,22 +109,22 @@ Value polynomial(Ctx& c, const Poly& P, const Fn1& prep = {}) {
   if (hlo::numel(s) == 0) return b.zeros(c.odt(), s);
   auto ik = [&](int64_t v) { return b.constant_int(v, DType::S64, s); };
   Value nf = b.convert(n, t);
-  Value odd = b.compare(b.binary("and", n, ik(1)), ik(1), Cmp::EQ);
+  Value odd = b.compare(b.binary(op::and_, n, ik(1)), ik(1), Cmp::EQ);
   Cases cf = P.closed ? P.closed(b, x0, nf, odd) : Cases{b.constant_int(0, DType::Pred, s), b.zeros(t, s)};
   Value big = b.compare(n, ik(P.cap), Cmp::GT);
-  Value rec = b.binary("and", b.binary("and", b.compare(n, ik(2), Cmp::GE), b.unary("not", big)),
-                       b.unary("not", cf.where));
+  Value rec = b.binary(op::and_, b.binary(op::and_, b.compare(n, ik(2), Cmp::GE), b.unary(op::not_, big)),
+                       b.unary(op::not_, cf.where));
   std::vector<int64_t> all;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) all.push_back(i);
-  Value kmax = b.reduce(b.select(rec, n, ik(1)), b.constant_int(1, DType::S64), all, "maximum");
+  Value kmax = b.reduce(b.select(rec, n, ik(1)), b.constant_int(1, DType::S64), all, op::maximum);
   Value one = k(b, 1, x), first = P.p1(b, x), nanv = nan_like(b, x);
-  Value more0 = b.reduce(rec, b.constant_int(0, DType::Pred), all, "or");
+  Value more0 = b.reduce(rec, b.constant_int(0, DType::Pred), all, op::or_);
   const Step& next = P.next;
   // carried: k, p_{k-1}, p_k, result, kmax, x, n, rec, more
   auto out = b.while_loop(
       {b.constant_int(1, DType::S64), one, first, nanv, kmax, x, n, rec, more0},
       [](Builder& bb, const std::vector<Value>& v) -> V {
-        return {bb.binary("and", bb.compare(v[0], v[4], Cmp::LT), v[8])};
+        return {bb.binary(op::and_, bb.compare(v[0], v[4], Cmp::LT), v[8])};
       },
       [&next, s](Builder& bb, const std::vector<Value>& v) -> V {
         Value kv = v[0], xv = v[5], nv = v[6];
@@ -132,11 +132,11 @@ Value polynomial(Ctx& c, const Poly& P, const Fn1& prep = {}) {
         Value k1 = bb.add(kv, bb.constant_int(1, DType::S64));
         Value k1s = bb.broadcast_to(k1, s);
         Value hit = bb.compare(nv, k1s, Cmp::EQ);
-        Value going = bb.binary("and", v[7], bb.binary("and", bb.compare(k1s, nv, Cmp::LT),
-                                                         bb.unary("not", bb.compare(p, p, Cmp::NE))));
+        Value going = bb.binary(op::and_, v[7], bb.binary(op::and_, bb.compare(k1s, nv, Cmp::LT),
+                                                         bb.unary(op::not_, bb.compare(p, p, Cmp::NE))));
         std::vector<int64_t> dims;
         for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) dims.push_back(i);
-        Value more = bb.reduce(going, bb.constant_int(0, DType::Pred), dims, "or");
+        Value more = bb.reduce(going, bb.constant_int(0, DType::Pred), dims, op::or_);
         return {k1, v[2], p, bb.select(hit, p, v[3]), v[4], xv, nv, v[7], more};
       });
   Value r = out[3];  // elements that stopped early on a NaN keep NaN, as on CPU
@@ -158,7 +158,7 @@ Value by_parity(Builder& b, Value odd, Value v, Value w) { return b.select(odd, 
 //   V(-y) = (-1)^n W(y), W(-y) = (-1)^n V(y). A value that overflows is NaN
 //   unless it overflows only at the last step (CPU's recurrence: inf - inf).
 Value chebyshev_beyond(Builder& b, char kind, Value y, Value n, Value odd) {
-  Value t = b.emit("chlo.acosh", {b.unary("abs", y)}, y.type);
+  Value t = b.emit("chlo.acosh", {b.unary(op::abs, y)}, y.type);
   Value neg = b.compare(y, k(b, 0, y), Cmp::LT);
   auto at = [&](Value m) {
     Value h = b.add(m, k(b, 0.5, y));
@@ -171,10 +171,10 @@ Value chebyshev_beyond(Builder& b, char kind, Value y, Value n, Value odd) {
     else v = b.select(neg, cosh_v, sinh_w);
     return v;
   };
-  Value sgn = b.select(b.binary("and", neg, odd), k(b, -1, y), k(b, 1, y));
+  Value sgn = b.select(b.binary(op::and_, neg, odd), k(b, -1, y), k(b, 1, y));
   Value vn = b.mul(sgn, at(n)), vp = at(b.sub(n, k(b, 1, y)));
   auto finite = [&](Value v) { return b.emit("is_finite", {v}, Type{DType::Pred, v.shape()}); };
-  Value r = b.select(b.binary("or", finite(vn), finite(vp)), vn, nan_like(b, y));
+  Value r = b.select(b.binary(op::or_, finite(vn), finite(vp)), vn, nan_like(b, y));
   return b.select(is_nan(b, y), y, r);
 }
 
@@ -195,41 +195,41 @@ Cases chebyshev_closed(Builder& b, char kind, bool shifted, Value x, Value n, Va
   }
   Value at_up = b.compare(x, one, Cmp::EQ);
   Value at_lo = shifted ? b.compare(x, k(b, 0, x), Cmp::EQ) : b.compare(x, k(b, -1, x), Cmp::EQ);
-  Value ends = b.binary("or", at_up, at_lo);
+  Value ends = b.binary(op::or_, at_up, at_lo);
   Value end_v = b.select(at_up, up, lo);
   int64_t from = shifted ? (kind == 'w' ? 4 : 6) : (kind == 't' ? 6 : 8);
-  Value inside = b.binary("and", b.compare(n, k(b, double(from), x), Cmp::GT),
-                          b.compare(b.unary("abs", y), one, Cmp::LT));
+  Value inside = b.binary(op::and_, b.compare(n, k(b, double(from), x), Cmp::GT),
+                          b.compare(b.unary(op::abs, y), one, Cmp::LT));
   // theta = acos(y); near y = 1 as 2 atan2(sqrt(1 - y), sqrt(1 + y)), free of the
   // cancellation in 1 - y^2 (n theta amplifies any error in theta)
   Value yi = b.select(inside, y, k(b, 0, x));
-  Value th_hi = b.mul(k(b, 2, x), b.emit("atan2", {b.unary("sqrt", b.sub(one, yi)), b.unary("sqrt", b.add(one, yi))}, x.type));
+  Value th_hi = b.mul(k(b, 2, x), b.emit("atan2", {b.unary(op::sqrt, b.sub(one, yi)), b.unary(op::sqrt, b.add(one, yi))}, x.type));
   Value th = b.select(b.compare(yi, k(b, 0.5, x), Cmp::GE), th_hi, b.emit("chlo.acos", {yi}, x.type));
   Value h = b.add(n, k(b, 0.5, x)), half = b.mul(th, k(b, 0.5, x));
   Value trig;
   switch (kind) {
-    case 't': trig = b.unary("cosine", b.mul(n, th)); break;
+    case 't': trig = b.unary(op::cosine, b.mul(n, th)); break;
     case 'u': {
-      Value st = b.unary("sine", th);
-      Value deg = b.div(b.mul(n1, b.unary("cosine", b.mul(n1, th))), y);
-      trig = b.select(b.compare(st, k(b, 0, x), Cmp::NE), b.div(b.unary("sine", b.mul(n1, th)), st), deg);
+      Value st = b.unary(op::sine, th);
+      Value deg = b.div(b.mul(n1, b.unary(op::cosine, b.mul(n1, th))), y);
+      trig = b.select(b.compare(st, k(b, 0, x), Cmp::NE), b.div(b.unary(op::sine, b.mul(n1, th)), st), deg);
       break;
     }
     case 'v': {
       Value deg = by_parity(b, odd, b.neg(n2), n2);
-      trig = b.select(b.compare(b.unary("sine", half), one, Cmp::NE),
-                      b.div(b.unary("cosine", b.mul(h, th)), b.unary("cosine", half)), deg);
+      trig = b.select(b.compare(b.unary(op::sine, half), one, Cmp::NE),
+                      b.div(b.unary(op::cosine, b.mul(h, th)), b.unary(op::cosine, half)), deg);
       break;
     }
     default: {
       Value deg = shifted ? by_parity(b, odd, k(b, -1, x), one)
                           : b.select(b.compare(x, k(b, 0, x), Cmp::GT), n2, by_parity(b, odd, k(b, -1, x), one));
-      trig = b.select(b.compare(b.unary("cosine", half), one, Cmp::NE),
-                      b.div(b.unary("sine", b.mul(h, th)), b.unary("sine", half)), deg);
+      trig = b.select(b.compare(b.unary(op::cosine, half), one, Cmp::NE),
+                      b.div(b.unary(op::sine, b.mul(h, th)), b.unary(op::sine, half)), deg);
       break;
     }
   }
-  return {b.binary("or", ends, inside), b.select(ends, end_v, trig)};
+  return {b.binary(op::or_, ends, inside), b.select(ends, end_v, trig)};
 }
 
 // Hurwitz zeta(x, q) = sum_{k >= 0} (q + k)^-x as CPU's kernel defines it: inf at
@@ -241,17 +241,17 @@ Value hurwitz_zeta(Builder& b, Value x, Value q) {
   std::vector<int64_t> all;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) all.push_back(i);
   // direct terms: m = max(10, ceil(10 - q)), as a float count
-  Value m = b.max(k(b, 10, q), b.unary("ceil", b.sub(k(b, 10, q), q)));
+  Value m = b.max(k(b, 10, q), b.unary(op::ceil, b.sub(k(b, 10, q), q)));
   Value too_many = b.compare(m, k(b, double(kLoopCap), q), Cmp::GT);
-  m = b.select(b.binary("or", too_many, is_nan(b, m)), k(b, 10, q), m);
-  Value mmax = b.reduce(m, b.zeros(q.dtype(), {}), all, "maximum");
+  m = b.select(b.binary(op::or_, too_many, is_nan(b, m)), k(b, 10, q), m);
+  Value mmax = b.reduce(m, b.zeros(q.dtype(), {}), all, op::maximum);
   Value nx = b.neg(x);
   auto out = b.while_loop(
       {b.zeros(q.dtype(), {}), b.zeros(q.dtype(), s), mmax, q, nx, m},
       [](Builder& bb, const std::vector<Value>& v) -> V { return {bb.compare(v[0], v[2], Cmp::LT)}; },
       [s](Builder& bb, const std::vector<Value>& v) -> V {
         Value j = bb.broadcast_to(v[0], s);
-        Value term = bb.binary("power", bb.add(v[3], j), v[4]);
+        Value term = bb.binary(op::power, bb.add(v[3], j), v[4]);
         Value sum = bb.add(v[1], bb.select(bb.compare(j, v[5], Cmp::LT), term, bb.zeros(term.dtype(), s)));
         return {bb.add(v[0], bb.constant(1, v[0].dtype())), sum, v[2], v[3], v[4], v[5]};
       });
@@ -262,8 +262,8 @@ Value hurwitz_zeta(Builder& b, Value x, Value q) {
   Value inf = k(b, INFINITY, x), nan = nan_like(b, x);
   r = b.select(too_many, nan, r);
   Value qneg = b.compare(q, k(b, 0, q), Cmp::LE);
-  r = b.select(b.binary("and", qneg, b.compare(x, b.unary("floor", x), Cmp::NE)), nan, r);
-  r = b.select(b.binary("and", qneg, b.compare(q, b.unary("floor", q), Cmp::EQ)), inf, r);
+  r = b.select(b.binary(op::and_, qneg, b.compare(x, b.unary(op::floor, x), Cmp::NE)), nan, r);
+  r = b.select(b.binary(op::and_, qneg, b.compare(q, b.unary(op::floor, q), Cmp::EQ)), inf, r);
   r = b.select(b.compare(x, k(b, 1, x), Cmp::LT), nan, r);
   return b.select(b.compare(x, k(b, 1, x), Cmp::EQ), inf, r);
 }
@@ -281,7 +281,7 @@ Value digamma(Builder& b, Value x) {
 // and the asymptotic series (1 + 1/(2x) + 1/(6x^2) - 1/(30x^4) + 1/(42x^6)) / x
 Value trigamma(Builder& b, Value x) {
   Value refl = b.compare(x, k(b, 0.5, x), Cmp::LT);
-  Value s = b.unary("sine", b.mul(k(b, M_PI, x), x));
+  Value s = b.unary(op::sine, b.mul(k(b, M_PI, x), x));
   Value r = b.select(refl, b.neg(b.div(k(b, M_PI * M_PI, x), b.mul(s, s))), k(b, 0, x));
   Value y = b.select(refl, b.sub(k(b, 1, x), x), x);
   for (int i = 0; i < 6; ++i) {
@@ -299,7 +299,7 @@ Value trigamma(Builder& b, Value x) {
 // erfcx(x) = exp(x^2) erfc(x): directly below 2, else the continued fraction
 // erfc(x) exp(x^2) sqrt(pi) = 1 / (x + (1/2) / (x + 1 / (x + (3/2) / (x + ...)))) (48 levels)
 Value erfcx(Builder& b, Value x) {
-  Value direct = b.mul(b.unary("exponential", b.mul(x, x)), b.emit("chlo.erfc", {x}, x.type));
+  Value direct = b.mul(b.unary(op::exponential, b.mul(x, x)), b.emit("chlo.erfc", {x}, x.type));
   Value xs = b.max(x, k(b, 2, x));
   Value f = xs;
   for (int i = 48; i >= 1; --i) f = b.add(xs, b.div(k(b, 0.5 * i, x), f));
@@ -310,8 +310,8 @@ Value erfcx(Builder& b, Value x) {
 // log_ndtr(x) = log(Phi(x)): t = x / sqrt 2; x < -1: log(erfcx(-t) / 2) - t^2, else log1p(-erfc(t) / 2)
 Value log_ndtr_fn(Builder& b, Value x) {
   Value t = b.mul(x, k(b, M_SQRT1_2, x));
-  Value lo = b.sub(b.unary("log", b.mul(erfcx(b, b.neg(t)), k(b, 0.5, x))), b.mul(t, t));
-  Value hi = b.unary("log_plus_one", b.neg(b.mul(b.emit("chlo.erfc", {t}, t.type), k(b, 0.5, x))));
+  Value lo = b.sub(b.unary(op::log, b.mul(erfcx(b, b.neg(t)), k(b, 0.5, x))), b.mul(t, t));
+  Value hi = b.unary(op::log_plus_one, b.neg(b.mul(b.emit("chlo.erfc", {t}, t.type), k(b, 0.5, x))));
   return b.select(b.compare(x, k(b, -1, x), Cmp::LT), lo, hi);
 }
 
@@ -322,10 +322,10 @@ Value spherical_bessel_j0_fn(Builder& b, Value x) {
   Value s = k(b, c[5], x);
   for (int i = 4; i >= 0; --i) s = b.add(k(b, c[i], x), b.mul(x2, s));
   Value series = b.add(k(b, 1, x), b.mul(x2, s));
-  Value safe = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), k(b, 1, x), x);
-  Value direct = b.div(b.unary("sine", safe), safe);
-  Value r = b.select(b.compare(b.unary("abs", x), k(b, 0.5, x), Cmp::LT), series, direct);
-  return b.select(b.compare(b.unary("abs", x), k(b, INFINITY, x), Cmp::EQ), k(b, 0, x), r);  // j0(+-inf) = 0
+  Value safe = b.select(b.compare(b.unary(op::abs, x), k(b, 0.5, x), Cmp::LT), k(b, 1, x), x);
+  Value direct = b.div(b.unary(op::sine, safe), safe);
+  Value r = b.select(b.compare(b.unary(op::abs, x), k(b, 0.5, x), Cmp::LT), series, direct);
+  return b.select(b.compare(b.unary(op::abs, x), k(b, INFINITY, x), Cmp::EQ), k(b, 0, x), r);  // j0(+-inf) = 0
 }
 
 // T/U/V/W_{k+1} = 2y p_k - p_{k-1}; p_1 = y, 2y, 2y - 1, 2y + 1
@@ -388,8 +388,8 @@ V lower_special_legendre_polynomial_p(Ctx& c) {
            return b.div(b.sub(b.mul(a, p), b.mul(kk, q)), b.add(kk, k(b, 1, x)));
          },
          [](Builder& b, Value x, Value, Value odd) {
-           Value end = b.compare(b.unary("abs", x), k(b, 1, x), Cmp::EQ);
-           Value v = b.select(b.binary("or", b.compare(x, k(b, 0, x), Cmp::GT), b.unary("not", odd)), k(b, 1, x),
+           Value end = b.compare(b.unary(op::abs, x), k(b, 1, x), Cmp::EQ);
+           Value v = b.select(b.binary(op::or_, b.compare(x, k(b, 0, x), Cmp::GT), b.unary(op::not_, odd)), k(b, 1, x),
                               k(b, -1, x));
            return Cases{end, v};
          }};
@@ -400,13 +400,13 @@ V lower_special_legendre_polynomial_p(Ctx& c) {
 Value entr_fn(Builder& b, Value x) {
   Value zero = k(b, 0, x);
   Value r = b.select(b.compare(x, zero, Cmp::EQ), zero, k(b, -INFINITY, x));
-  r = b.select(b.compare(x, zero, Cmp::GT), b.neg(b.mul(x, b.unary("log", x))), r);
+  r = b.select(b.compare(x, zero, Cmp::GT), b.neg(b.mul(x, b.unary(op::log, x))), r);
   return b.select(b.compare(x, x, Cmp::NE), x, r);
 }
 
 // xlog1py(x, y) = isnan(y) ? NaN : x == 0 ? 0 : x * log1p(y)
 Value xlog1py_fn(Builder& b, Value x, Value y) {
-  Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 0, x), b.mul(x, b.unary("log_plus_one", y)));
+  Value r = b.select(b.compare(x, k(b, 0, x), Cmp::EQ), k(b, 0, x), b.mul(x, b.unary(op::log_plus_one, y)));
   return b.select(b.compare(y, y, Cmp::NE), y, r);
 }
 

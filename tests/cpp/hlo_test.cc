@@ -37,7 +37,7 @@ TEST(Builder, ShapeInference) {
   Builder b;
   Value x = b.param(Type{DType::F32, {4, 5, 6}});
   EXPECT_EQ(b.transpose(x, {2, 0, 1}).shape(), (Shape{6, 4, 5}));
-  EXPECT_EQ(b.reduce(x, b.zeros(DType::F32, {}), {1}, "add").shape(), (Shape{4, 6}));
+  EXPECT_EQ(b.reduce(x, b.zeros(DType::F32, {}), {1}, op::add).shape(), (Shape{4, 6}));
   EXPECT_EQ(b.slice(x, {0, 1, 0}, {4, 5, 6}, {2, 2, 3}).shape(), (Shape{2, 2, 2}));
   Value w = b.param(Type{DType::F32, {4, 6, 7}});
   DotDims d{{0}, {0}, {2}, {1}};
@@ -45,6 +45,38 @@ TEST(Builder, ShapeInference) {
   EXPECT_EQ(b.broadcast_to(b.param(Type{DType::F32, {5, 1}}), {3, 5, 6}).shape(), (Shape{3, 5, 6}));
   Value idx = b.param(Type{DType::S64, {2, 3}});
   EXPECT_EQ(b.take(x, idx, 1).shape(), (Shape{4, 2, 3, 6}));
+}
+
+// The typed op constants print as the StableHLO ops they name (`and_` is stablehlo.and),
+// in elementwise ops and in region bodies; a scatter without a body keeps the update.
+TEST(Builder, OpConstantsPrintAsStableHLOOps) {
+  Builder b;
+  Value p = b.param(Type{DType::Pred, {3}});
+  Value q = b.param(Type{DType::Pred, {3}});
+  Value x = b.param(Type{DType::F32, {3}});
+  Value idx = b.param(Type{DType::S64, {2, 1}});
+  Value upd = b.param(Type{DType::F32, {2}});
+  Value a = b.binary(op::and_, p, q);
+  Value n = b.unary(op::not_, a);
+  Value r = b.reduce(n, b.constant_int(0, DType::Pred), {0}, op::or_);
+  Value e = b.unary(op::exponential, x);
+  Value s = b.scatter(x, idx, upd, {0}, std::nullopt);
+  std::string text = b.module({r, e, s});
+  EXPECT_NE(text.find("\"stablehlo.and\"(%v0, %v1) : (tensor<3xi1>, tensor<3xi1>) -> tensor<3xi1>"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("\"stablehlo.not\"("), std::string::npos) << text;
+  EXPECT_NE(text.find("\"stablehlo.or\"(%v"), std::string::npos) << text;  // the reduce body
+  EXPECT_NE(text.find("\"stablehlo.exponential\"(%v2)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("stablehlo.and_"), std::string::npos) << text;
+  EXPECT_EQ(op::xor_.name, std::string("xor"));
+  EXPECT_TRUE(op::abs == op::Unary{"abs"});
+  EXPECT_TRUE(op::add != op::multiply);
+  // replace: the scatter's body only returns the update (no combining op)
+  auto at = text.find("\"stablehlo.scatter\"");
+  ASSERT_NE(at, std::string::npos) << text;
+  std::string region = text.substr(at, text.find('}', at) - at);
+  EXPECT_NE(region.find("\"stablehlo.return\""), std::string::npos) << region;
+  EXPECT_EQ(region.find(" = \"stablehlo."), std::string::npos) << region;
 }
 
 TEST(Builder, MismatchedOperandsAreBuildErrors) {
@@ -60,7 +92,7 @@ TEST(Builder, MismatchedOperandsAreBuildErrors) {
 TEST(Builder, DryModeNumbersValuesLikeTextMode) {
   auto build = [](Builder& b) {
     Value x = b.param(Type{DType::F32, {4, 3}});
-    Value m = b.reduce(x, b.constant(0.0, DType::F32), {1}, "add");
+    Value m = b.reduce(x, b.constant(0.0, DType::F32), {1}, op::add);
     auto [v, i] = b.reduce_arg(x, 1, true);
     Value s = b.sort_dim(x, 0, false, nullptr);
     Value c = b.constant_array(std::vector<int64_t>{1, 2, 3}, DType::S64);
@@ -125,7 +157,7 @@ TEST(Builder, RollbackRestartsValueNumbers) {
   replay.set_dry(true);
   Value b = replay.param(Type{DType::F32, {2}});
   auto m = replay.mark();
-  replay.unary("exponential", replay.unary("tanh", b));  // an op that failed after emitting values
+  replay.unary(op::exponential, replay.unary(op::tanh, b));  // an op that failed after emitting values
   replay.rollback(m);
   Value r2 = replay.add(replay.mul(b, b), b);
   EXPECT_EQ(r1.id, r2.id);
@@ -143,8 +175,8 @@ TEST(Builder, DynamicDimsPropagateAndSizesAreReadAtRunTime) {
   Value d = b.set_dimension_size(x, n, 1);
   EXPECT_TRUE(d.type.dynamic);
   EXPECT_EQ(d.type, x.type);  // the flag is not part of the type
-  Value e = b.unary("exponential", d);
-  Value s = b.reduce(e, b.zeros(DType::F32, {}), {1}, "add");
+  Value e = b.unary(op::exponential, d);
+  Value s = b.reduce(e, b.zeros(DType::F32, {}), {1}, op::add);
   EXPECT_TRUE(e.type.dynamic && s.type.dynamic);
   EXPECT_FALSE(b.add(x, x).type.dynamic);
   Value cnt = b.count(e, {1}, DType::F32);

@@ -49,7 +49,7 @@ TEST(Runtime, CompileAndRunBuilderModule) {
   auto x = b.param(hlo::Type{hlo::DType::F32, {2, 2}});
   auto y = b.param(hlo::Type{hlo::DType::F32, {2, 2}});
   auto z = b.dot_general(x, y, {{}, {}, {1}, {0}}, hlo::DType::F32);
-  auto s = b.reduce(z, b.zeros(hlo::DType::F32, {}), {1}, "add");
+  auto s = b.reduce(z, b.zeros(hlo::DType::F32, {}), {1}, hlo::op::add);
   auto r = run(b.module({s}), {{1, 2, 3, 4}, {1, 0, 0, 1}}, {{2, 2}, {2, 2}}, 2, 1);
   EXPECT_FLOAT_EQ(r[0], 3);
   EXPECT_FLOAT_EQ(r[1], 7);
@@ -60,7 +60,7 @@ TEST(Runtime, GatherScatterArgmaxRun) {
   auto x = b.param(hlo::Type{hlo::DType::F32, {4}});
   auto idx = b.constant_int(2, hlo::DType::S64, {3});
   auto g = b.take(x, idx, 0);                                   // [x2, x2, x2]
-  auto sc = b.scatter(b.zeros(hlo::DType::F32, {4}), b.constant_int(1, hlo::DType::S64, {3, 1}), g, {0}, "add");
+  auto sc = b.scatter(b.zeros(hlo::DType::F32, {4}), b.constant_int(1, hlo::DType::S64, {3, 1}), g, {0}, hlo::op::add);
   auto [mv, mi] = b.reduce_arg(x, 0, true);
   auto out = b.add(sc, b.broadcast_to(b.convert(b.reshape(mi, {1}), hlo::DType::F32), {4}));
   auto r = run(b.module({out}), {{5, 9, 7, 1}}, {{4}}, 4);
@@ -139,7 +139,7 @@ TEST(Engine, DynamicStorageServesItsBucket) {
     auto& g = e.graph(0);
     int64_t before = e.metrics.compiles.load();
     Value x = g.load(v);
-    g.store(View{out, 0, {3}, {1}, hlo::DType::F32}, g.b.reduce(x, g.b.zeros(hlo::DType::F32, {}), {1}, "add"));
+    g.store(View{out, 0, {3}, {1}, hlo::DType::F32}, g.b.reduce(x, g.b.zeros(hlo::DType::F32, {}), {1}, hlo::op::add));
     e.op_done(0);
     std::vector<float> r(3);
     e.read(View{out, 0, {3}, {1}, hlo::DType::F32}, r.data());
