@@ -15,7 +15,7 @@
     forward, `cache_implementation="static"`): seconds per new token on tpu and on PyTorch CPU
     eager (dynamic cache); each mode in a fresh process.
 (c) the cached 1k-element add in Strict mode under TORCH_TPU_STAGE_TIMES=1 (a fresh process):
-    microseconds per op in each stage of the generic kernel (csrc/aten/kernels.cpp, LoweredOp),
+    microseconds per op in each stage of the generic kernel (csrc/aten/dispatch/kernels.cpp, LoweredOp),
     and the rest of the op's time (the dispatcher, Python, the clock itself).
 (d) `c[1].add_(1)` (a slice updated in place) against `c.add_(1)` (the whole 256 MB float32
     tensor) for c of shapes (32, 2M), (8, 8M), (2, 32M) and a 5-D KV cache (8, 2048, 2, 8, 256),

@@ -126,7 +126,7 @@ def flash_attention_backward(grad_out, query, key, value, out, logsumexp, cum_se
 
 # --- scaled_dot_product_attention: the fused ("overrideable") backend PyTorch offers out-of-tree
 # devices. tpu's _fused_sdp_choice picks it when there is no dropout, no grouped-query expansion
-# and no mask that needs a gradient (csrc/aten/kernels.cpp); otherwise the math path runs. Like
+# and no mask that needs a gradient (csrc/aten/dispatch/kernels.cpp); otherwise the math path runs. Like
 # FlashAttention it keeps the log-sum-exp, not the probabilities, for the backward: a layer's
 # (batch, heads, L, S) scores live only while its forward or backward runs.
 

@@ -6,7 +6,7 @@ without a backend (and ``device_id`` None or a tpu device) means
 ``"cpu:gloo,tpu:tpu_dist"``: CPU tensors keep using stock gloo.
 
 v1 stages tpu tensors through host memory to a ProcessGroupGloo the backend owns
-(``csrc/aten/distributed.cpp``); it works on every PJRT plugin, including the XLA CPU
+(``csrc/aten/distributed/distributed.cpp``); it works on every PJRT plugin, including the XLA CPU
 plugin, which cannot run collectives across processes.
 
 Environment:

@@ -587,7 +587,7 @@ void register_linalg() {
 
       // ---- factorizations (real matrices only: real_rule)
       {"aten::linalg_cholesky_ex", real_rule(lower_linalg_cholesky_ex)},
-      // aten::cholesky (deprecated) is linalg_cholesky_ex plus CPU's error check: csrc/aten/kernels.cpp
+      // aten::cholesky (deprecated) is linalg_cholesky_ex plus CPU's error check: csrc/aten/dispatch/kernels.cpp
       {"aten::linalg_solve_triangular", real_rule(lower_linalg_solve_triangular)},
       {"aten::triangular_solve", real_rule(lower_triangular_solve)},
       {"aten::_cholesky_solve_helper", real_rule(lower_cholesky_solve_helper)},

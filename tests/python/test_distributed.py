@@ -1,4 +1,4 @@
-"""torch.distributed on tpu: the c10d backend tpu_dist (csrc/aten/distributed.cpp).
+"""torch.distributed on tpu: the c10d backend tpu_dist (csrc/aten/distributed/distributed.cpp).
 
 The multi-rank tests launch 2 ranks with torchrun, as users do, running the scripts in
 tests/python/scripts/dist_*.py; each script compares tpu against the same program on CPU

@@ -1,4 +1,4 @@
-"""The per-op path as named stages (csrc/aten/kernels.cpp, LoweredOp): TORCH_TPU_STAGE_TIMES=1
+"""The per-op path as named stages (csrc/aten/dispatch/kernels.cpp, LoweredOp): TORCH_TPU_STAGE_TIMES=1
 sums each stage's time over calls; torch_tpu._C._stage_times() reads them. Off by default."""
 import json
 import os

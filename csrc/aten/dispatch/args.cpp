@@ -1,4 +1,4 @@
-#include "aten/args.h"
+#include "aten/dispatch/args.h"
 
 namespace tt::aten {
 

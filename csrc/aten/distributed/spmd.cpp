@@ -11,8 +11,8 @@
 #include <functional>
 #include <unordered_map>
 
-#include "aten/layout.h"
-#include "aten/nogil.h"
+#include "aten/compile/layout.h"
+#include "aten/distributed/nogil.h"
 #include "aten/tpu.h"
 
 namespace py = pybind11;

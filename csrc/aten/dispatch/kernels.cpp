@@ -26,7 +26,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "aten/args.h"
+#include "aten/dispatch/args.h"
 #include "aten/tpu.h"
 
 namespace tt::aten {

@@ -37,7 +37,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "aten/nogil.h"
+#include "aten/distributed/nogil.h"
 #include "aten/tpu.h"
 
 namespace py = pybind11;

@@ -11,7 +11,7 @@
 
 #include <chrono>
 
-#include "aten/layout.h"
+#include "aten/compile/layout.h"
 #include "aten/tpu.h"
 
 namespace py = pybind11;

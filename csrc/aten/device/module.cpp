@@ -23,7 +23,7 @@
 #include <optional>
 #include <random>
 
-#include "aten/layout.h"
+#include "aten/compile/layout.h"
 #include "aten/tpu.h"
 #include "remote/owner.h"
 
