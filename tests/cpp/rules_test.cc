@@ -42,36 +42,19 @@ class TestEnv : public lower::Env {
   hlo::Builder& b_;
 };
 
-lower::Arg tensor(Value v) {
+// An argument of one kind, its value set by `set`.
+template <typename Set>
+lower::Arg arg(lower::Arg::Kind kind, Set set) {
   lower::Arg a;
-  a.kind = lower::Arg::Tensor;
-  a.tensor = v;
+  a.kind = kind;
+  set(a);
   return a;
 }
-lower::Arg number(double v) {
-  lower::Arg a;
-  a.kind = lower::Arg::Scalar;
-  a.set_number(v);
-  return a;
-}
-lower::Arg integer(int64_t v) {
-  lower::Arg a;
-  a.kind = lower::Arg::Int;
-  a.i = v;
-  return a;
-}
-lower::Arg flag(bool v) {
-  lower::Arg a;
-  a.kind = lower::Arg::Bool;
-  a.b = v;
-  return a;
-}
-lower::Arg ints(std::vector<int64_t> v) {
-  lower::Arg a;
-  a.kind = lower::Arg::IntList;
-  a.ints = std::move(v);
-  return a;
-}
+lower::Arg tensor(Value v) { return arg(lower::Arg::Tensor, [&](lower::Arg& a) { a.tensor = v; }); }
+lower::Arg number(double v) { return arg(lower::Arg::Scalar, [&](lower::Arg& a) { a.set_number(v); }); }
+lower::Arg integer(int64_t v) { return arg(lower::Arg::Int, [&](lower::Arg& a) { a.i = v; }); }
+lower::Arg flag(bool v) { return arg(lower::Arg::Bool, [&](lower::Arg& a) { a.b = v; }); }
+lower::Arg ints(std::vector<int64_t> v) { return arg(lower::Arg::IntList, [&](lower::Arg& a) { a.ints = std::move(v); }); }
 lower::Arg none() { return lower::Arg{}; }
 
 // One rule applied to float32 tensor parameters of the given shapes plus `extra` arguments
