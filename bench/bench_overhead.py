@@ -5,6 +5,7 @@
   python bench/bench_overhead.py --only decode   # (b) HF tiny Llama greedy decode, per token
   python bench/bench_overhead.py --only stages   # (c) a Strict op's time per stage of the kernel
   python bench/bench_overhead.py --only slices   # (d) an in-place op on a slice vs the whole tensor
+  python bench/bench_overhead.py --only sdpa     # (e) scaled_dot_product_attention at decode shapes
 
 (a) a cached 1k-element add in Strict mode; host reads of 16 floats (`.cpu()`, `(x + 1).cpu()`,
     `x[0].item()`, `.tolist()`); `torch.compile(lambda x: x + 1)` calls, with and without
@@ -192,9 +193,47 @@ def slices():
     print()
 
 
+def sdpa():
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import torch_tpu
+
+    torch.tpu.set_matmul_precision(torch.tpu.Precision.HIGHEST)
+    torch_tpu.set_eager_mode(torch_tpu.EagerMode.DEFER_AND_FUSE)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*s, generator=g).to("tpu") for s in ((64, 4, 2, 64), (64, 4, 512, 64), (64, 4, 512, 64)))
+    mask = (torch.rand(64, 1, 2, 512, generator=g) > 0.2).to("tpu")
+
+    def math():
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def written_out():
+        s = (q @ k.transpose(-1, -2)) * 64 ** -0.5
+        return s.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+
+    rows = [("fused backend (the default)", lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)),
+            ("math path (`sdpa_kernel(SDPBackend.MATH)`)", math), ("matmul + softmax written out", written_out)]
+    print("## (e) scaled_dot_product_attention at decode shapes, DeferAndFuse, ms per 4 calls (best of 5)\n")
+    print("q [64, 4, 2, 64], keys and values [64, 4, 512, 64], boolean mask [64, 1, 2, 512]\n")
+    print("| path | ms |\n|---|---|")
+    for name, f in rows:
+        for _ in range(3):
+            sum(f().sum() for _ in range(4)).item()
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            sum(f().sum() for _ in range(4)).item()
+            best = min(best, time.perf_counter() - t)
+        print(f"| {name} | {best * 1e3:.1f} |")
+    print()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=["latency", "decode", "stages", "slices"])
+    ap.add_argument("--only", choices=["latency", "decode", "stages", "slices", "sdpa"])
     args = ap.parse_args()
     if args.only in (None, "latency"):
         latency()
@@ -204,6 +243,8 @@ def main():
         stages()
     if args.only in (None, "slices"):
         slices()
+    if args.only in (None, "sdpa"):
+        sdpa()
 
 
 if __name__ == "__main__":
