@@ -141,7 +141,7 @@ def _dense_probabilities(query, key, attn_bias, is_causal, scale, lse=None):
         scores = scores + attn_bias.float()
     if lse is None:
         lse = torch.logsumexp(scores, dim=-1)
-    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # a fully masked row attends to nothing
+    finite = lse.masked_fill(torch.isinf(lse), 0)  # a fully masked row attends to nothing
     return torch.exp(scores - finite.unsqueeze(-1)), lse, q, k, scale
 
 
@@ -161,8 +161,9 @@ def sdpa_fused_forward(query, key, value, attn_bias=None, dropout_p=0.0, is_caus
         raise NotImplementedError("the fused scaled_dot_product_attention on tpu has no dropout (the math path does)")
     p, lse, _, _, _ = _dense_probabilities(query, key, attn_bias, is_causal, scale)
     out = _in_layout_of(query, torch.matmul(p, value.float()))
-    no_rng = torch.zeros((), dtype=torch.int64, device=query.device)
-    return out, lse, None, None, query.size(-2), key.size(-2), no_rng, no_rng.clone(), None
+    # no dropout, so no philox state: placeholders that run no program (as CUDA's flash kernel returns)
+    seed, offset = (query.new_empty((), dtype=torch.int64) for _ in range(2))
+    return out, lse, None, None, query.size(-2), key.size(-2), seed, offset, None
 
 
 def sdpa_fused_backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q,

@@ -662,8 +662,7 @@ std::pair<Value, Value> Builder::reduce_arg(Value x, int64_t dim, bool is_max) {
   bin(bothlt, op::and_, bothn, ilt);
   bin(nanpick, op::or_, anb, bothlt);
   bin(p1, op::or_, win, tie);
-  r << "      " << v(pick) << " = \"stablehlo.or\"(" << v(p1) << ", " << v(nanpick) << ") : (" << sp << ", " << sp
-    << ") -> " << sp << "\n";
+  bin(pick, op::or_, p1, nanpick);
   // b wins outright when b is NaN and a is not: p1 may be true only if a>b, impossible with NaN b.
   r << "      " << v(rv) << " = \"stablehlo.select\"(" << v(pick) << ", " << v(av) << ", " << v(bv) << ") : (" << sp
     << ", " << st << ", " << st << ") -> " << st << "\n";

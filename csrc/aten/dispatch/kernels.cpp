@@ -1843,7 +1843,7 @@ int64_t tpu_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, con
                              const std::optional<at::Tensor>& attn_mask, double dropout_p, bool,
                              std::optional<double>, bool) {
   constexpr int64_t kMath = 0, kOverrideable = 4;  // sdp::SDPBackend
-  const c10::DispatchKeySet traced({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+  static const c10::DispatchKeySet traced({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
                                     c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchGradWrapper});
   for (const at::Tensor* t : {&query, &key, &value}) {
     if (t->key_set().has_any(traced)) return kMath;
